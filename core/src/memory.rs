@@ -1,0 +1,548 @@
+//! Owned memory: the address space a memory element serves ([`MemoryRegion`]) and the
+//! registered local buffer transports move data into and out of ([`RegisteredBuffer`]).
+//!
+//! Both are one zeroed, page-aligned allocation shared between threads. This module is
+//! where the raw-pointer code lives; everything it exports is safe. Concurrency:
+//! - a `MemoryRegion` is split into stripes, each behind a `RwLock`, so concurrent
+//!   clients may read and write disjoint stripes in parallel and an access never sees
+//!   a half-done write to the same stripe;
+//! - a `RegisteredBuffer` hands out guards over byte ranges; overlapping mutable ranges
+//!   wait for each other, so a transport filling one page never races a reader of it.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut, Range};
+use std::ptr::NonNull;
+use std::sync::{Condvar, Mutex, PoisonError, RwLock};
+
+use crate::error::{Error, Result};
+
+/// Alignment of every allocation: one page, as RDMA registration and O_DIRECT like it.
+const ALIGN: usize = 4096;
+
+/// A zeroed, page-aligned heap allocation of `len` bytes, freed on drop.
+#[derive(Debug)]
+struct RawAlloc {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: RawAlloc is a plain owned allocation; the types built on it synchronise access.
+unsafe impl Send for RawAlloc {}
+// SAFETY: as above; shared references only expose raw pointers, never data.
+unsafe impl Sync for RawAlloc {}
+
+impl RawAlloc {
+    fn zeroed(len: u64) -> Result<Self> {
+        let size = usize::try_from(len).map_err(|_| Error::Alloc {
+            size: len,
+            reason: "larger than the address space of this machine".into(),
+        })?;
+        if size == 0 {
+            return Ok(RawAlloc {
+                ptr: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        let layout = Layout::from_size_align(size, ALIGN).map_err(|e| Error::Alloc {
+            size: len,
+            reason: e.to_string(),
+        })?;
+        // SAFETY: layout has non-zero size (checked above).
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Alloc {
+            size: len,
+            reason: "out of memory".into(),
+        })?;
+        Ok(RawAlloc { ptr, len: size })
+    }
+}
+
+impl Drop for RawAlloc {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `zeroed` with exactly this layout (validated there).
+            unsafe {
+                alloc::dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.len, ALIGN),
+                )
+            }
+        }
+    }
+}
+
+/// Stripe size of a [`MemoryRegion`]: the unit of locking between concurrent clients.
+pub const STRIPE: usize = 256 * 1024;
+
+/// The address space of one memory element: `size` zeroed bytes, readable and writable
+/// by many threads at once. Every access is bounds-checked.
+pub struct MemoryRegion {
+    mem: RawParts,
+    stripes: Box<[RwLock<()>]>,
+    /// Keeps the memory alive: a heap allocation or a shared-memory mapping.
+    _owner: Box<dyn std::any::Any + Send + Sync>,
+}
+
+/// Pointer and length of a region's memory (owned elsewhere in the region).
+#[derive(Debug, Clone, Copy)]
+struct RawParts {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: RawParts is a pointer into memory kept alive by the region's owner; the
+// region synchronises access through its stripe locks.
+unsafe impl Send for RawParts {}
+// SAFETY: as above.
+unsafe impl Sync for RawParts {}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("size", &self.mem.len)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Allocates a zeroed region. Pages are committed lazily by the OS, so a large,
+    /// mostly unused region costs little.
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] when the size does not fit or the allocation fails.
+    pub fn new(size: u64) -> Result<Self> {
+        let alloc = RawAlloc::zeroed(size)?;
+        let mem = RawParts {
+            ptr: alloc.ptr,
+            len: alloc.len,
+        };
+        // SAFETY: the allocation is `len` bytes, lives as long as `alloc`, which the
+        // region owns, and nothing else refers to it.
+        Ok(unsafe { Self::from_raw_parts(mem.ptr, mem.len, Box::new(alloc)) })
+    }
+
+    /// A region over memory owned by `owner` (a shared-memory mapping).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes for as long as `owner` lives,
+    /// and no Rust reference to it may exist outside this region. Other processes may
+    /// write it concurrently (shared memory); their writes race with ours exactly as
+    /// one-sided RDMA writes do.
+    pub(crate) unsafe fn from_raw_parts(
+        ptr: NonNull<u8>,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        let stripes = (0..len.div_ceil(STRIPE)).map(|_| RwLock::new(())).collect();
+        MemoryRegion {
+            mem: RawParts { ptr, len },
+            stripes,
+            _owner: owner,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.mem.len as u64
+    }
+
+    /// Checks that `[addr, addr + len)` lies inside the region.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`].
+    pub fn check(&self, op: &'static str, addr: u64, len: u64) -> Result<Range<usize>> {
+        let size = self.size();
+        match addr.checked_add(len) {
+            Some(end) if end <= size => Ok(addr as usize..end as usize),
+            _ => Err(Error::OutOfRange {
+                op,
+                addr,
+                len,
+                size,
+            }),
+        }
+    }
+
+    /// Calls `f` on consecutive pieces of `[addr, addr + len)`, each under its stripe's
+    /// read lock, in address order.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`], or the first error `f` returns.
+    pub fn read_with<E: From<Error>>(
+        &self,
+        addr: u64,
+        len: u64,
+        mut f: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let range = self.check("read", addr, len)?;
+        let mut pos = range.start;
+        while pos < range.end {
+            let stripe = pos / STRIPE;
+            let end = range.end.min((stripe + 1) * STRIPE);
+            let _guard = self.stripes[stripe]
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: pos..end lies inside the allocation (checked above) and inside one
+            // stripe whose read lock we hold, so no writer mutates these bytes meanwhile.
+            let piece =
+                unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr().add(pos), end - pos) };
+            f(piece)?;
+            pos = end;
+        }
+        Ok(())
+    }
+
+    /// Calls `f` on consecutive mutable pieces of `[addr, addr + len)`, each under its
+    /// stripe's write lock, in address order.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`], or the first error `f` returns.
+    pub fn write_with<E: From<Error>>(
+        &self,
+        addr: u64,
+        len: u64,
+        mut f: impl FnMut(&mut [u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let range = self.check("write", addr, len)?;
+        let mut pos = range.start;
+        while pos < range.end {
+            let stripe = pos / STRIPE;
+            let end = range.end.min((stripe + 1) * STRIPE);
+            let _guard = self.stripes[stripe]
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: pos..end lies inside the allocation and inside one stripe whose
+            // write lock we hold: no other reference to these bytes exists meanwhile.
+            let piece = unsafe {
+                std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr().add(pos), end - pos)
+            };
+            f(piece)?;
+            pos = end;
+        }
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from `addr` into `dst`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`].
+    pub fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        let mut done = 0;
+        self.read_with(addr, dst.len() as u64, |piece| {
+            dst[done..done + piece.len()].copy_from_slice(piece);
+            done += piece.len();
+            Ok::<_, Error>(())
+        })
+    }
+
+    /// Copies `src` to `addr`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`].
+    pub fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
+        let mut done = 0;
+        self.write_with(addr, src.len() as u64, |piece| {
+            let n = piece.len();
+            piece.copy_from_slice(&src[done..done + n]);
+            done += n;
+            Ok::<_, Error>(())
+        })
+    }
+}
+
+/// The local buffer a transport reads into and writes from, as in the original libd:
+/// one zeroed, page-aligned allocation that several transports may share.
+///
+/// Rust code reaches its bytes through guards over ranges: any number of shared guards,
+/// or one mutable guard, may cover a byte at a time; asking for a conflicting guard
+/// waits until the range is free. Foreign code (NumPy, RDMA hardware) uses
+/// [`RegisteredBuffer::as_ptr`] and is responsible for its own ordering, exactly as
+/// with an RDMA memory region.
+#[derive(Debug)]
+pub struct RegisteredBuffer {
+    mem: RawAlloc,
+    locks: Mutex<Vec<(Range<usize>, bool)>>,
+    freed: Condvar,
+}
+
+impl RegisteredBuffer {
+    /// Allocates a zeroed buffer of `len` bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero length, [`Error::Alloc`] if allocation fails.
+    pub fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "a registered buffer needs at least one byte".into(),
+            ));
+        }
+        Ok(RegisteredBuffer {
+            mem: RawAlloc::zeroed(len as u64)?,
+            locks: Mutex::new(Vec::new()),
+            freed: Condvar::new(),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// Always false: buffers have at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.mem.len == 0
+    }
+
+    /// Start of the buffer, for foreign code (the Python buffer protocol, RDMA memory
+    /// registration). Valid as long as the buffer lives.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.mem.ptr.as_ptr()
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<Range<usize>> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(offset..end),
+            _ => Err(Error::BufferRange {
+                offset,
+                len,
+                size: self.len(),
+            }),
+        }
+    }
+
+    fn acquire(&self, ranges: &[Range<usize>], exclusive: bool) {
+        let mut held = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let conflict = ranges.iter().any(|r| {
+                held.iter()
+                    .any(|(h, h_excl)| (exclusive || *h_excl) && r.start < h.end && h.start < r.end)
+            });
+            if !conflict {
+                held.extend(ranges.iter().map(|r| (r.clone(), exclusive)));
+                return;
+            }
+            held = self
+                .freed
+                .wait(held)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn release(&self, range: &Range<usize>, exclusive: bool) {
+        let mut held = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = held.iter().position(|(h, e)| h == range && *e == exclusive) {
+            held.swap_remove(i);
+        }
+        drop(held);
+        self.freed.notify_all();
+    }
+
+    /// Shared access to `len` bytes at `offset`; waits while a mutable guard overlaps.
+    ///
+    /// # Errors
+    /// [`Error::BufferRange`] if the range is outside the buffer.
+    pub fn range(&self, offset: usize, len: usize) -> Result<BufferRef<'_>> {
+        let range = self.check(offset, len)?;
+        self.acquire(std::slice::from_ref(&range), false);
+        Ok(BufferRef { buf: self, range })
+    }
+
+    /// Exclusive access to `len` bytes at `offset`; waits while any guard overlaps.
+    ///
+    /// # Errors
+    /// [`Error::BufferRange`] if the range is outside the buffer.
+    pub fn range_mut(&self, offset: usize, len: usize) -> Result<BufferMut<'_>> {
+        Ok(self
+            .ranges_mut(&[(offset, len)])?
+            .pop()
+            .unwrap_or_else(|| unreachable!("one range asked, one returned")))
+    }
+
+    /// Exclusive access to several disjoint ranges at once (taken atomically, so two
+    /// threads asking for overlapping sets cannot deadlock).
+    ///
+    /// # Errors
+    /// [`Error::BufferRange`] for a range outside the buffer, [`Error::InvalidArgument`]
+    /// if two of the ranges overlap.
+    pub fn ranges_mut(&self, ranges: &[(usize, usize)]) -> Result<Vec<BufferMut<'_>>> {
+        let checked: Vec<Range<usize>> = ranges
+            .iter()
+            .map(|&(o, l)| self.check(o, l))
+            .collect::<Result<_>>()?;
+        let mut sorted = checked.clone();
+        sorted.sort_by_key(|r| r.start);
+        if let Some(w) = sorted.windows(2).find(|w| w[0].end > w[1].start) {
+            return Err(Error::InvalidArgument(format!(
+                "buffer ranges {:?} and {:?} overlap",
+                w[0], w[1]
+            )));
+        }
+        self.acquire(&checked, true);
+        Ok(checked
+            .into_iter()
+            .map(|range| BufferMut { buf: self, range })
+            .collect())
+    }
+
+    /// Copies `dst.len()` bytes at `offset` into `dst`.
+    ///
+    /// # Errors
+    /// [`Error::BufferRange`].
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        dst.copy_from_slice(&self.range(offset, dst.len())?);
+        Ok(())
+    }
+
+    /// Copies `src` into the buffer at `offset`.
+    ///
+    /// # Errors
+    /// [`Error::BufferRange`].
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.range_mut(offset, src.len())?.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// Shared access to a range of a [`RegisteredBuffer`]; released on drop.
+#[derive(Debug)]
+pub struct BufferRef<'a> {
+    buf: &'a RegisteredBuffer,
+    range: Range<usize>,
+}
+
+impl Deref for BufferRef<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the range is inside the allocation (checked when the guard was made),
+        // and the lock table guarantees no mutable guard overlaps it while we live.
+        unsafe {
+            std::slice::from_raw_parts(self.buf.as_ptr().add(self.range.start), self.range.len())
+        }
+    }
+}
+
+impl Drop for BufferRef<'_> {
+    fn drop(&mut self) {
+        self.buf.release(&self.range, false);
+    }
+}
+
+/// Exclusive access to a range of a [`RegisteredBuffer`]; released on drop.
+#[derive(Debug)]
+pub struct BufferMut<'a> {
+    buf: &'a RegisteredBuffer,
+    range: Range<usize>,
+}
+
+impl BufferMut<'_> {
+    /// Offset of this range in the buffer.
+    pub fn offset(&self) -> usize {
+        self.range.start
+    }
+}
+
+impl Deref for BufferMut<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: inside the allocation, and no other guard overlaps an exclusive one.
+        unsafe {
+            std::slice::from_raw_parts(self.buf.as_ptr().add(self.range.start), self.range.len())
+        }
+    }
+}
+
+impl DerefMut for BufferMut<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: inside the allocation; this guard is the only one over the range, and
+        // `&mut self` makes the returned slice the only reference through it.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.buf.as_ptr().add(self.range.start),
+                self.range.len(),
+            )
+        }
+    }
+}
+
+impl Drop for BufferMut<'_> {
+    fn drop(&mut self) {
+        self.buf.release(&self.range, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn region_round_trip_across_stripes() {
+        let region = MemoryRegion::new(3 * STRIPE as u64 + 10).unwrap();
+        let data: Vec<u8> = (0..2 * STRIPE + 7).map(|i| (i * 31 % 251) as u8).collect();
+        region.write(STRIPE as u64 - 3, &data).unwrap();
+        let mut back = vec![0; data.len()];
+        region.read(STRIPE as u64 - 3, &mut back).unwrap();
+        assert_eq!(back, data);
+        let mut head = [1u8; 4];
+        region.read(0, &mut head).unwrap();
+        assert_eq!(head, [0; 4], "untouched bytes stay zero");
+    }
+
+    #[test]
+    fn region_rejects_out_of_range() {
+        let region = MemoryRegion::new(100).unwrap();
+        let mut buf = [0u8; 10];
+        assert!(matches!(
+            region.read(95, &mut buf),
+            Err(Error::OutOfRange {
+                addr: 95,
+                len: 10,
+                size: 100,
+                ..
+            })
+        ));
+        assert!(region.write(u64::MAX - 2, &buf).is_err());
+        region.read(90, &mut buf).unwrap();
+        region.read(100, &mut []).unwrap();
+        assert!(region.read(101, &mut []).is_err());
+    }
+
+    #[test]
+    fn huge_region_is_refused_cleanly() {
+        assert!(matches!(
+            MemoryRegion::new(u64::MAX),
+            Err(Error::Alloc { .. })
+        ));
+    }
+
+    #[test]
+    fn buffer_ranges_are_checked_and_exclusive() {
+        let buf = Arc::new(RegisteredBuffer::new(64).unwrap());
+        assert!(RegisteredBuffer::new(0).is_err());
+        assert!(matches!(buf.range(60, 5), Err(Error::BufferRange { .. })));
+        assert!(matches!(
+            buf.range_mut(usize::MAX, 2),
+            Err(Error::BufferRange { .. })
+        ));
+        assert!(matches!(
+            buf.ranges_mut(&[(0, 8), (4, 8)]),
+            Err(Error::InvalidArgument(_))
+        ));
+        let mut guards = buf.ranges_mut(&[(0, 8), (8, 8)]).unwrap();
+        guards[0].fill(1);
+        guards[1].fill(2);
+        let buf2 = Arc::clone(&buf);
+        let waiter = std::thread::spawn(move || {
+            // Blocks until the main thread drops its guards.
+            let r = buf2.range(4, 8).unwrap();
+            r.to_vec()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        guards[1][0] = 9;
+        drop(guards);
+        assert_eq!(waiter.join().unwrap(), vec![1, 1, 1, 1, 9, 2, 2, 2]);
+        let shared_a = buf.range(0, 4).unwrap();
+        let shared_b = buf.range(2, 4).unwrap();
+        assert_eq!(&shared_a[2..4], &shared_b[..2], "shared guards may overlap");
+    }
+}
