@@ -1,0 +1,1 @@
+//! Remote arrays (work in progress).
