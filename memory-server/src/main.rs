@@ -1,1 +1,139 @@
-fn main() {}
+//! `memory_server [PORT] [IMPL]`: serves one Scad memory element.
+//!
+//! Compatible with the original command line (port defaults to 2333, implementation to
+//! `tcp`), with options for the size, bind address, token and limits. Stops cleanly on
+//! SIGINT or SIGTERM. Prints `listening on HOST:PORT` on stdout once it accepts
+//! connections, so scripts can start it on port 0 and read the port.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use scad_core::server::{MemoryServer, ServerConfig};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use tracing_subscriber::EnvFilter;
+
+/// Which transport the server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Impl {
+    /// The TCP wire protocol (durl `rdma_tcp`).
+    Tcp,
+    /// One-sided RDMA (durl `rdma_uverbs`; needs the `rdma` feature and a device).
+    Rdma,
+}
+
+/// Serve one memory element's address space.
+#[derive(Debug, Parser)]
+#[command(name = "memory_server", version, about)]
+struct Args {
+    /// TCP port to listen on (0 picks a free one).
+    #[arg(default_value_t = 2333)]
+    port: u16,
+    /// Transport implementation.
+    #[arg(value_enum, default_value_t = Impl::Tcp, name = "IMPL")]
+    implementation: Impl,
+    /// Bytes of the address space (suffixes K, M, G accepted, powers of 1024).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+    /// Address to bind.
+    #[arg(long, default_value = "0.0.0.0")]
+    bind: String,
+    /// Shared secret clients must present (also read from SCAD_TOKEN).
+    #[arg(long, env = "SCAD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Connections served at once.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Largest frame in bytes.
+    #[arg(long, default_value_t = scad_core::protocol::DEFAULT_MAX_FRAME)]
+    max_frame: u32,
+    /// Seconds a connection may stay idle or stalled (0: forever).
+    #[arg(long, default_value_t = 600)]
+    idle_timeout: u64,
+    /// List RDMA devices and exit.
+    #[arg(long)]
+    list_devices: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 30),
+        Some((i, 'T' | 't')) => (&t[..i], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("size {s:?} is not a number with an optional K/M/G/T suffix"))?;
+    let size = n
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))?;
+    if size == 0 {
+        return Err("size must be greater than 0".into());
+    }
+    Ok(size)
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if args.list_devices {
+        return list_devices();
+    }
+    if args.implementation == Impl::Rdma {
+        bail!("memory_server: the rdma implementation needs a build with the `rdma` feature and an RDMA device");
+    }
+    let config = ServerConfig {
+        token: args.token.clone(),
+        max_frame: args.max_frame,
+        max_connections: args.max_connections,
+        idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
+    };
+    let bind = if args.bind.contains(':') {
+        format!("[{}]:{}", args.bind, args.port)
+    } else {
+        format!("{}:{}", args.bind, args.port)
+    };
+    let server = MemoryServer::start(&bind, args.size, config)
+        .with_context(|| format!("starting the memory server on {bind}"))?;
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    let stop = server.shutdown_handle();
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "stopping");
+            stop.shutdown();
+        }
+    });
+    println!("listening on {}", server.local_addr());
+    std::io::stdout().flush().context("writing to stdout")?;
+    server.wait();
+    Ok(())
+}
+
+fn list_devices() -> Result<()> {
+    println!("no RDMA devices: this build has no `rdma` feature");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_with_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert!(parse_size("").is_err());
+    }
+}

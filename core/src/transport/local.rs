@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{Counters, Transport, TransportStats};
+use super::{Counters, ReadOp, Transport, TransportStats, WriteOp};
 use crate::error::Result;
 use crate::memory::MemoryRegion;
 
@@ -66,6 +66,32 @@ impl Transport for LocalTransport {
     fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
         self.region.write(addr, src)?;
         self.counters.record_write(src.len() as u64);
+        Ok(())
+    }
+
+    fn read_vectored(&self, ops: &mut [ReadOp<'_>]) -> Result<()> {
+        for op in ops.iter() {
+            self.region.check("read", op.addr, op.dst.len() as u64)?;
+        }
+        let mut bytes = 0;
+        for op in ops.iter_mut() {
+            self.region.read(op.addr, op.dst)?;
+            bytes += op.dst.len() as u64;
+        }
+        self.counters.record_read(bytes);
+        Ok(())
+    }
+
+    fn write_vectored(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        for op in ops {
+            self.region.check("write", op.addr, op.src.len() as u64)?;
+        }
+        let mut bytes = 0;
+        for op in ops {
+            self.region.write(op.addr, op.src)?;
+            bytes += op.src.len() as u64;
+        }
+        self.counters.record_write(bytes);
         Ok(())
     }
 

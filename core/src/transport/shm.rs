@@ -10,7 +10,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{LocalTransport, Transport, TransportStats};
+use super::{LocalTransport, ReadOp, Transport, TransportStats, WriteOp};
 use crate::error::{Error, Result};
 use crate::memory::MemoryRegion;
 
@@ -203,6 +203,12 @@ impl Transport for ShmTransport {
     }
     fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
         self.inner.write(addr, src)
+    }
+    fn read_vectored(&self, ops: &mut [ReadOp<'_>]) -> Result<()> {
+        self.inner.read_vectored(ops)
+    }
+    fn write_vectored(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        self.inner.write_vectored(ops)
     }
     fn stats(&self) -> TransportStats {
         self.inner.stats()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what building and testing Scad needs on a fresh Debian machine:
+# the RDMA and clang development packages (for the `rdma` feature) and redis-server
+# (a baseline and a backend). Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+packages=(pkg-config libibverbs-dev librdmacm-dev libclang-dev redis-server fonts-dejavu-core)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    echo "setup: installing ${missing[*]}" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo not found; install the Rust toolchain (rustup) first" >&2
+    exit 1
+fi

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every check and every test: formatting, clippy with warnings as errors (with and
+# without the `rdma` feature), and the whole workspace's tests with the feature on.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export RUST_BACKTRACE=1
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace --all-features
