@@ -46,6 +46,9 @@ pub struct TransportStats {
     /// Bytes moved from local to remote memory.
     pub bytes_written: u64,
     /// Read calls (a vectored call counts once).
+    ///
+    /// Transports count what they were asked for; the frames or work requests a call
+    /// was split into are not counted here.
     pub read_ops: u64,
     /// Write calls (a vectored call counts once).
     pub write_ops: u64,
