@@ -1,0 +1,327 @@
+//! Unit tests of the pool against in-process transports, including one that fails on
+//! demand.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use scad_core::transport::LocalTransport;
+use scad_core::TransportStats;
+
+use super::*;
+
+/// A local transport that can be told to fail, to test error paths.
+#[derive(Debug)]
+struct Flaky {
+    inner: LocalTransport,
+    fail_reads: AtomicBool,
+    fail_writes: AtomicBool,
+}
+
+impl Flaky {
+    fn new(size: u64) -> Arc<Self> {
+        Arc::new(Flaky {
+            inner: LocalTransport::new(size).unwrap(),
+            fail_reads: AtomicBool::new(false),
+            fail_writes: AtomicBool::new(false),
+        })
+    }
+}
+
+fn broken() -> scad_core::Error {
+    scad_core::Error::Terminated {
+        name: "flaky".into(),
+    }
+}
+
+impl Transport for Flaky {
+    fn describe(&self) -> String {
+        "flaky".into()
+    }
+    fn remote_size(&self) -> scad_core::Result<u64> {
+        self.inner.remote_size()
+    }
+    fn read(&self, addr: u64, dst: &mut [u8]) -> scad_core::Result<()> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(broken());
+        }
+        self.inner.read(addr, dst)
+    }
+    fn write(&self, addr: u64, src: &[u8]) -> scad_core::Result<()> {
+        if self.fail_writes.load(Ordering::SeqCst) {
+            return Err(broken());
+        }
+        self.inner.write(addr, src)
+    }
+    fn read_vectored(&self, ops: &mut [ReadOp<'_>]) -> scad_core::Result<()> {
+        if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(broken());
+        }
+        self.inner.read_vectored(ops)
+    }
+    fn stats(&self) -> TransportStats {
+        self.inner.stats()
+    }
+}
+
+fn pool(capacity: usize, page: usize, policy: EvictionPolicy) -> BufferPool {
+    BufferPool::builder(capacity)
+        .page_size(page)
+        .policy(policy)
+        .read_ahead(0)
+        .build()
+        .unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn builder_rejects_bad_settings() {
+    assert!(matches!(
+        BufferPool::builder(1 << 20).page_size(1000).build(),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        BufferPool::builder(100).page_size(4096).build(),
+        Err(Error::Config(_))
+    ));
+    let p = BufferPool::builder(10_000).page_size(4096).build().unwrap();
+    assert_eq!((p.frames(), p.capacity()), (2, 8192));
+}
+
+#[test]
+fn misses_of_one_request_are_fetched_in_one_call() {
+    let p = pool(64 * 1024, 1024, EvictionPolicy::Clock);
+    let local = Arc::new(LocalTransport::new(1 << 20).unwrap());
+    let data = pattern(10_000, 3);
+    local.write(500, &data).unwrap();
+    let t = p.add_transport("m", local.clone()).unwrap();
+    let before = local.stats();
+    let mut back = vec![0u8; data.len()];
+    p.read(t, 500, &mut back).unwrap();
+    assert_eq!(back, data);
+    let s = p.stats();
+    assert_eq!(s.misses, 11, "bytes 500..10500 touch pages 0..=10: {s}");
+    assert_eq!(s.fetch_calls, 1);
+    assert!(local.stats().bytes_read - before.bytes_read >= 10_000);
+    // Again: all hits, no transport traffic.
+    p.read(t, 500, &mut back).unwrap();
+    assert_eq!(p.stats().hits, 11);
+    assert_eq!(p.stats().fetch_calls, 1);
+}
+
+#[test]
+fn eviction_writes_dirty_pages_back() {
+    for policy in [EvictionPolicy::Clock, EvictionPolicy::Lru] {
+        let p = pool(4 * 256, 256, policy);
+        let local = Arc::new(LocalTransport::new(64 * 1024).unwrap());
+        let t = p.add_transport("m", local.clone()).unwrap();
+        let data = pattern(16 * 256 + 77, 9);
+        p.write(t, 100, &data).unwrap();
+        let s = p.stats();
+        assert!(s.evictions >= 12 && s.write_backs >= 12, "{policy}: {s}");
+        let mut back = vec![0u8; data.len()];
+        p.read(t, 100, &mut back).unwrap();
+        assert_eq!(back, data, "{policy}");
+        p.flush().unwrap();
+        assert_eq!(p.usage().dirty, 0);
+        let mut direct = vec![0u8; data.len()];
+        local.read(100, &mut direct).unwrap();
+        assert_eq!(
+            direct, data,
+            "{policy}: remote memory has every byte after flush"
+        );
+        assert_eq!(p.usage().pinned, 0);
+    }
+}
+
+#[test]
+fn only_the_dirty_span_is_written_back() {
+    let p = pool(2 * 256, 256, EvictionPolicy::Lru);
+    let local = Arc::new(LocalTransport::new(4096).unwrap());
+    let t = p.add_transport("m", local.clone()).unwrap();
+    p.read(t, 0, &mut [0u8; 256]).unwrap();
+    // Someone else changes byte 200 of page 0 behind the pool's back.
+    local.write(200, &[7]).unwrap();
+    p.write(t, 10, &[1, 2, 3]).unwrap();
+    p.flush().unwrap();
+    let mut b = [0u8; 256];
+    local.read(0, &mut b).unwrap();
+    assert_eq!(&b[10..13], &[1, 2, 3]);
+    assert_eq!(
+        b[200], 7,
+        "bytes outside the written span are not overwritten"
+    );
+    assert_eq!(p.stats().bytes_out, 3);
+}
+
+#[test]
+fn request_larger_than_pool_streams() {
+    let p = pool(3 * 512, 512, EvictionPolicy::Clock);
+    let local = Arc::new(LocalTransport::new(1 << 20).unwrap());
+    let data = pattern(200_000, 1);
+    local.write(0, &data).unwrap();
+    let t = p.add_transport("m", local).unwrap();
+    let mut back = vec![0u8; data.len()];
+    p.read(t, 0, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(p.usage().pinned, 0);
+    assert!(p.usage().used <= 3);
+}
+
+#[test]
+fn several_transports_in_one_request() {
+    let p = pool(64 * 1024, 1024, EvictionPolicy::Clock);
+    let a = Arc::new(LocalTransport::new(1 << 16).unwrap());
+    let b = Arc::new(LocalTransport::new(1 << 16).unwrap());
+    a.write(0, &pattern(5000, 1)).unwrap();
+    b.write(0, &pattern(5000, 2)).unwrap();
+    let ta = p.add_transport("a", a).unwrap();
+    let tb = p.add_transport("b", b).unwrap();
+    assert!(matches!(
+        p.add_transport("a", Arc::new(LocalTransport::new(1).unwrap())),
+        Err(Error::DuplicateElement { .. })
+    ));
+    let (mut x, mut y) = (vec![0u8; 5000], vec![0u8; 5000]);
+    p.read_many(&mut [
+        PoolRead {
+            transport: ta,
+            addr: 0,
+            dst: &mut x,
+        },
+        PoolRead {
+            transport: tb,
+            addr: 0,
+            dst: &mut y,
+        },
+    ])
+    .unwrap();
+    assert_eq!((x, y), (pattern(5000, 1), pattern(5000, 2)));
+    assert_eq!(p.stats().fetch_calls, 2, "one vectored call per transport");
+    assert_eq!(p.find_transport("b"), Some(tb));
+    assert_eq!(p.transport_names(), vec!["a", "b"]);
+}
+
+#[test]
+fn out_of_range_and_unknown_transport() {
+    let p = pool(4096, 1024, EvictionPolicy::Clock);
+    let t = p
+        .add_transport("m", Arc::new(LocalTransport::new(5000).unwrap()))
+        .unwrap();
+    let err = p.read(t, 4990, &mut [0u8; 20]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::RemoteRange {
+                addr: 4990,
+                len: 20,
+                size: 5000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("\"m\""), "{err}");
+    assert!(p.read(TransportId(9), 0, &mut [0u8; 1]).is_err());
+    // The short last page reads fine.
+    p.read(t, 4990, &mut [0u8; 10]).unwrap();
+}
+
+#[test]
+fn sequential_reads_trigger_read_ahead() {
+    let p = BufferPool::builder(64 * 1024)
+        .page_size(1024)
+        .read_ahead(4)
+        .build()
+        .unwrap();
+    let t = p
+        .add_transport("m", Arc::new(LocalTransport::new(1 << 20).unwrap()))
+        .unwrap();
+    let mut b = [0u8; 1024];
+    for page in 0..12u64 {
+        p.read(t, page * 1024, &mut b).unwrap();
+    }
+    let s = p.stats();
+    assert!(s.read_ahead_pages >= 8, "{s}");
+    assert!(s.read_ahead_hits >= 8, "{s}");
+    assert!(s.fetch_calls <= 4, "{s}");
+}
+
+#[test]
+fn failed_fetch_releases_pins_and_keeps_pool_usable() {
+    let p = pool(8 * 256, 256, EvictionPolicy::Clock);
+    let flaky = Flaky::new(1 << 16);
+    let t = p.add_transport("flaky", flaky.clone()).unwrap();
+    flaky.fail_reads.store(true, Ordering::SeqCst);
+    let err = p.read(t, 0, &mut vec![0u8; 5000]).unwrap_err();
+    assert!(err.is_transport(), "{err}");
+    assert!(err.to_string().contains("flaky"), "{err}");
+    let u = p.usage();
+    assert_eq!((u.pinned, u.used), (0, 0), "{u}");
+    flaky.fail_reads.store(false, Ordering::SeqCst);
+    p.read(t, 0, &mut vec![0u8; 5000]).unwrap();
+    assert_eq!(p.usage().pinned, 0);
+}
+
+#[test]
+fn failed_write_back_loses_nothing() {
+    let p = pool(2 * 256, 256, EvictionPolicy::Lru);
+    let flaky = Flaky::new(1 << 16);
+    let t = p.add_transport("flaky", flaky.clone()).unwrap();
+    let data = pattern(512, 5);
+    p.write(t, 0, &data).unwrap(); // fills both frames, dirty
+    flaky.fail_writes.store(true, Ordering::SeqCst);
+    // Reading elsewhere needs a victim, whose write-back fails.
+    assert!(p.read(t, 4096, &mut [0u8; 10]).is_err());
+    assert!(p.flush().is_err());
+    assert_eq!(p.usage().dirty, 2);
+    assert_eq!(p.usage().pinned, 0);
+    flaky.fail_writes.store(false, Ordering::SeqCst);
+    p.flush().unwrap();
+    let mut direct = vec![0u8; 512];
+    flaky.inner.read(0, &mut direct).unwrap();
+    assert_eq!(direct, data);
+}
+
+#[test]
+fn invalidate_refetches() {
+    let p = pool(8 * 256, 256, EvictionPolicy::Clock);
+    let local = Arc::new(LocalTransport::new(4096).unwrap());
+    let t = p.add_transport("m", local.clone()).unwrap();
+    let mut b = [0u8; 4];
+    p.read(t, 0, &mut b).unwrap();
+    local.write(0, &[9, 9, 9, 9]).unwrap();
+    p.read(t, 0, &mut b).unwrap();
+    assert_eq!(b, [0; 4], "cached");
+    p.invalidate(t).unwrap();
+    p.read(t, 0, &mut b).unwrap();
+    assert_eq!(b, [9; 4]);
+}
+
+#[test]
+fn concurrent_stress_keeps_data_and_pins_consistent() {
+    let p = Arc::new(pool(16 * 256, 256, EvictionPolicy::Clock));
+    let local = Arc::new(LocalTransport::new(1 << 16).unwrap());
+    let t = p.add_transport("m", local).unwrap();
+    // Each thread owns a disjoint 4 KiB region and checks what it wrote.
+    std::thread::scope(|s| {
+        for k in 0..4u8 {
+            let p = &p;
+            s.spawn(move || {
+                let base = k as u64 * 4096;
+                for round in 0..30u8 {
+                    let data = pattern(3000, k.wrapping_mul(17).wrapping_add(round));
+                    p.write(t, base + 7, &data).unwrap();
+                    let mut back = vec![0u8; 3000];
+                    p.read(t, base + 7, &mut back).unwrap();
+                    assert_eq!(back, data);
+                }
+            });
+        }
+    });
+    let u = p.usage();
+    assert_eq!(u.pinned, 0, "{u}");
+    assert!(p.stats().evictions > 0);
+}
