@@ -172,6 +172,55 @@ pub enum Error {
         #[source]
         source: Option<io::Error>,
     },
+
+    /// An RDMA verbs call failed (opening a device, creating a queue pair, registering
+    /// memory, posting work, exchanging connection information).
+    #[error("RDMA {op} failed: {reason}")]
+    Rdma {
+        /// What was being done (`"open device"`, `"register memory"`, `"post read"`).
+        op: &'static str,
+        /// What went wrong, naming the device, port or peer involved.
+        reason: String,
+        /// The OS error the verbs library reported, where it gave one.
+        #[source]
+        source: Option<io::Error>,
+    },
+
+    /// An RDMA work request completed with an error status.
+    #[error(
+        "RDMA {op} completed with status {status:?} (code {code}, vendor error {vendor_err:#x})"
+    )]
+    RdmaCompletion {
+        /// `"read"` or `"write"`.
+        op: &'static str,
+        /// The status as `ibv_wc_status_str` names it (`"remote access error"`).
+        status: String,
+        /// The numeric `ibv_wc_status`.
+        code: u32,
+        /// The device's vendor-specific error code.
+        vendor_err: u32,
+    },
+
+    /// No RDMA device (or not the one asked for) is present on this host.
+    #[error("{}", no_device_message(requested.as_deref(), available))]
+    NoDevice {
+        /// The device name asked for; `None` when any device would do.
+        requested: Option<String>,
+        /// Names of the devices that are present.
+        available: Vec<String>,
+    },
+}
+
+fn no_device_message(requested: Option<&str>, available: &[String]) -> String {
+    let present = if available.is_empty() {
+        "no RDMA device is present on this host".to_owned()
+    } else {
+        format!("devices present: {}", available.join(", "))
+    };
+    match requested {
+        Some(name) => format!("RDMA device {name:?} not found ({present})"),
+        None => format!("no RDMA device found ({present})"),
+    }
 }
 
 impl Error {

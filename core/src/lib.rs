@@ -41,6 +41,8 @@ pub mod durl;
 pub mod error;
 pub mod memory;
 pub mod protocol;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod server;
 pub mod transport;
 

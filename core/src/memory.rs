@@ -146,6 +146,17 @@ impl MemoryRegion {
         self.mem.len as u64
     }
 
+    /// Start of the region's memory, for registering it with an RDMA device.
+    ///
+    /// The pointer is valid for `size()` bytes for as long as the region lives. Writing
+    /// through it bypasses the stripe locks: only foreign writers that are unordered
+    /// with Rust code anyway (RDMA hardware, other processes) may use it, exactly as
+    /// with [`MemoryRegion::from_raw_parts`]'s shared memory.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn as_mut_ptr(&self) -> *mut u8 {
+        self.mem.ptr.as_ptr()
+    }
+
     /// Checks that `[addr, addr + len)` lies inside the region.
     ///
     /// # Errors
@@ -261,6 +272,9 @@ impl MemoryRegion {
 #[derive(Debug)]
 pub struct RegisteredBuffer {
     mem: RawAlloc,
+    /// Unique for the life of the process, so a cache keyed by it (RDMA memory
+    /// registrations) never mistakes a new buffer at a reused address for an old one.
+    id: u64,
     locks: Mutex<Vec<(Range<usize>, bool)>>,
     freed: Condvar,
 }
@@ -276,8 +290,10 @@ impl RegisteredBuffer {
                 "a registered buffer needs at least one byte".into(),
             ));
         }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(RegisteredBuffer {
             mem: RawAlloc::zeroed(len as u64)?,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             locks: Mutex::new(Vec::new()),
             freed: Condvar::new(),
         })
@@ -297,6 +313,12 @@ impl RegisteredBuffer {
     /// registration). Valid as long as the buffer lives.
     pub fn as_ptr(&self) -> *mut u8 {
         self.mem.ptr.as_ptr()
+    }
+
+    /// An identifier no other buffer of this process ever has.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<Range<usize>> {

@@ -214,6 +214,11 @@ pub fn open(name: &str, config: &TransportConfig) -> Result<Arc<dyn Transport>> 
             }
             Ok(Arc::new(TcpTransport::new(&addr.socket_addr_string(), options)))
         }
+        #[cfg(feature = "rdma")]
+        TransportConfig::Uverbs { .. } => Ok(Arc::new(crate::rdma::RdmaTransport::from_config(
+            config,
+        )?)),
+        #[cfg(not(feature = "rdma"))]
         TransportConfig::Uverbs { .. } => Err(Error::Unsupported(format!(
             "transport {name:?} uses rdma_uverbs, which needs the `rdma` feature"
         ))),

@@ -1,0 +1,525 @@
+//! `rdma_uverbs_server`: serves one [`MemoryRegion`] to RDMA clients.
+//!
+//! The region is registered once with remote READ and WRITE access; clients then move
+//! data with one-sided RDMA and the server's CPU takes no part. What the server does
+//! is connection set-up: it accepts TCP connections on its exchange port, checks each
+//! client's token in constant time before anything else, creates a queue pair for the
+//! client, and tells it the region's address, key and size. The queue pair lives as long
+//! as that TCP connection; the device enforces the region's bounds on every access.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use super::exchange::RefuseCode;
+use super::mr::{Access, Mr};
+use super::pd::{self, Pd};
+use super::qp::{PreparedQp, QpConfig, Role};
+use super::session::{self, ServeError};
+use crate::durl::TransportConfig;
+use crate::error::{Error, Result};
+use crate::memory::MemoryRegion;
+
+/// Settings of an [`RdmaServer`].
+#[derive(Debug, Clone)]
+pub struct RdmaServerConfig {
+    /// Shared secret clients must present; `None` serves everyone.
+    pub token: Option<String>,
+    /// Device name (`mlx5_0`); the first device found when `None`.
+    pub device: Option<String>,
+    /// Device port, from 1.
+    pub port: u8,
+    /// GID table index.
+    pub gid_index: u8,
+    /// Clients served at once; more are refused.
+    pub max_connections: usize,
+    /// How long a client may take to send its connection information.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for RdmaServerConfig {
+    fn default() -> Self {
+        RdmaServerConfig {
+            token: None,
+            device: None,
+            port: 1,
+            gid_index: 0,
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counters an [`RdmaServer`] keeps (data moves without the server, so there are no
+/// byte counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdmaServerStats {
+    /// Clients connected (queue pairs made).
+    pub connections: u64,
+    /// Clients refused (bad token, limit, failed set-up, malformed exchange).
+    pub refused: u64,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    streams: HashMap<u64, TcpStream>,
+    handlers: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Declared before `region`: deregistered before the region's memory can go.
+    mr: Mr,
+    region: Arc<MemoryRegion>,
+    pd: Arc<Pd>,
+    config: RdmaServerConfig,
+    addr: SocketAddr,
+    stopping: AtomicBool,
+    active: AtomicUsize,
+    connections: AtomicU64,
+    refused: AtomicU64,
+    live: Mutex<Live>,
+    stopped: Mutex<bool>,
+    stopped_cv: Condvar,
+}
+
+/// A running RDMA memory server. Dropping it shuts it down.
+#[derive(Debug)]
+pub struct RdmaServer {
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+/// A cheap handle that can stop an [`RdmaServer`] from another thread (a signal handler).
+#[derive(Debug, Clone)]
+pub struct RdmaShutdownHandle {
+    shared: Arc<Shared>,
+}
+
+impl RdmaShutdownHandle {
+    /// Asks the server to stop; returns at once.
+    pub fn shutdown(&self) {
+        begin_shutdown(&self.shared);
+    }
+}
+
+impl RdmaServer {
+    /// Serves a fresh zeroed region of `size` bytes; clients exchange connection
+    /// information on `addr` (`"0.0.0.0:2333"`; port 0 picks a free one).
+    ///
+    /// The whole region is registered, so its pages are pinned: a large region needs a
+    /// high locked-memory limit (`ulimit -l`).
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`], [`Error::Rdma`] (port not active, registration refused),
+    /// [`Error::Alloc`], [`Error::Server`] if `addr` cannot be bound.
+    pub fn start(addr: &str, size: u64, config: RdmaServerConfig) -> Result<Self> {
+        Self::serve_region(addr, Arc::new(MemoryRegion::new(size)?), config)
+    }
+
+    /// Serves an `rdma_uverbs_server` configuration.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for another kind of configuration; as [`RdmaServer::start`].
+    pub fn from_config(config: &TransportConfig) -> Result<Self> {
+        let TransportConfig::UverbsServer {
+            bind,
+            size,
+            token,
+            device,
+            port,
+            gid_index,
+        } = config
+        else {
+            return Err(Error::InvalidArgument(format!(
+                "an RDMA memory server needs an rdma_uverbs_server configuration, not {config:?}"
+            )));
+        };
+        Self::start(
+            &bind.socket_addr_string(),
+            *size,
+            RdmaServerConfig {
+                token: token.clone(),
+                device: device.clone(),
+                port: *port,
+                gid_index: *gid_index,
+                ..RdmaServerConfig::default()
+            },
+        )
+    }
+
+    /// Serves an existing region (shared with local users, say). Rust code in this
+    /// process sees clients' writes as it sees writes to shared memory: unordered with
+    /// its own, exactly as one-sided RDMA is.
+    ///
+    /// # Errors
+    /// As [`RdmaServer::start`].
+    pub fn serve_region(
+        addr: &str,
+        region: Arc<MemoryRegion>,
+        config: RdmaServerConfig,
+    ) -> Result<Self> {
+        let pd = pd::shared(config.device.as_deref())?;
+        // Check the port and GID now, with the same checks every client's pair gets, so a
+        // misconfigured server fails at start rather than at its first client.
+        drop(PreparedQp::new(&pd, qp_config(&config))?);
+        let len = usize::try_from(region.size()).map_err(|_| Error::Alloc {
+            size: region.size(),
+            reason: "larger than the address space of this machine".into(),
+        })?;
+        // SAFETY: the region's memory is one live allocation of `len` bytes, kept alive
+        // by the `Arc` in `Shared`, whose field order drops this registration first.
+        // MemoryRegion treats its memory as shared with foreign writers (its accessors
+        // hand out only short-lived slices under stripe locks, as for shared memory), so
+        // peers writing it at any time breaks no Rust reference.
+        let mr = unsafe { Mr::register(&pd, region.as_mut_ptr(), len, Access::Remote) }?;
+        let server_err = |reason: &str, source: Option<io::Error>| Error::Server {
+            addr: addr.to_owned(),
+            reason: reason.to_owned(),
+            source,
+        };
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| server_err("cannot resolve the address", Some(e)))?
+            .collect();
+        let listener = TcpListener::bind(&addrs[..])
+            .map_err(|e| server_err("cannot bind the exchange port", Some(e)))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| server_err("cannot read the bound address", Some(e)))?;
+        info!(
+            addr = %local,
+            device = pd.context().name(),
+            port = config.port,
+            size = region.size(),
+            "RDMA memory server listening"
+        );
+        let shared = Arc::new(Shared {
+            mr,
+            region,
+            pd,
+            config,
+            addr: local,
+            stopping: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            connections: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            live: Mutex::new(Live::default()),
+            stopped: Mutex::new(false),
+            stopped_cv: Condvar::new(),
+        });
+        let accept_shared = Arc::clone(&shared);
+        let acceptor = std::thread::Builder::new()
+            .name(format!("scad-rdma-accept-{}", local.port()))
+            .spawn(move || accept_loop(&accept_shared, &listener))
+            .map_err(|e| server_err("cannot spawn the accept thread", Some(e)))?;
+        Ok(RdmaServer {
+            shared,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address of the exchange port.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// A `tcp://HOST:PORT` url clients on this host can use in an `rdma_uverbs` durl.
+    pub fn url(&self) -> String {
+        let addr = connectable(self.shared.addr);
+        match addr.ip() {
+            IpAddr::V6(ip) => format!("tcp://[{ip}]:{}", addr.port()),
+            IpAddr::V4(ip) => format!("tcp://{ip}:{}", addr.port()),
+        }
+    }
+
+    /// The name of the device serving the region.
+    pub fn device_name(&self) -> &str {
+        self.shared.pd.context().name()
+    }
+
+    /// The served region.
+    pub fn region(&self) -> &Arc<MemoryRegion> {
+        &self.shared.region
+    }
+
+    /// Clients connected right now.
+    pub fn active_connections(&self) -> usize {
+        self.shared.active.load(Ordering::Relaxed)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> RdmaServerStats {
+        RdmaServerStats {
+            connections: self.shared.connections.load(Ordering::Relaxed),
+            refused: self.shared.refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A handle that can stop the server from elsewhere.
+    pub fn shutdown_handle(&self) -> RdmaShutdownHandle {
+        RdmaShutdownHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Blocks until some [`RdmaShutdownHandle`] stops the server, then finishes shutting down.
+    pub fn wait(mut self) {
+        {
+            let mut stopped = self
+                .shared
+                .stopped
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            while !*stopped {
+                stopped = self
+                    .shared
+                    .stopped_cv
+                    .wait(stopped)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+        self.finish();
+    }
+
+    /// Stops accepting, disconnects every client (destroying its queue pair) and waits
+    /// for every handler to end.
+    pub fn shutdown(mut self) {
+        self.finish();
+    }
+
+    fn finish(&mut self) {
+        begin_shutdown(&self.shared);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        let handlers = {
+            let mut live = self
+                .shared
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for stream in live.streams.values() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            std::mem::take(&mut live.handlers)
+        };
+        for h in handlers {
+            let _ = h.join();
+        }
+        info!(addr = %self.shared.addr, "RDMA memory server stopped");
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        if self.acceptor.is_some() {
+            self.finish();
+        }
+    }
+}
+
+fn qp_config(config: &RdmaServerConfig) -> QpConfig {
+    QpConfig {
+        port: config.port,
+        gid_index: config.gid_index,
+        depth: 1,
+        role: Role::Responder,
+    }
+}
+
+/// Where to connect to reach a listener bound to `addr` (wildcards become loopback).
+fn connectable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
+}
+
+fn begin_shutdown(shared: &Shared) {
+    if shared.stopping.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    // Wake the blocking accept with a connection of our own.
+    let _ = TcpStream::connect_timeout(&connectable(shared.addr), Duration::from_secs(1));
+    let mut stopped = shared
+        .stopped
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    *stopped = true;
+    shared.stopped_cv.notify_all();
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+    let mut next_id = 0u64;
+    for stream in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            warn!(%peer, limit = shared.config.max_connections, "RDMA client refused: at the connection limit");
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            session::refuse(
+                &mut stream,
+                RefuseCode::Busy,
+                &format!(
+                    "server is at its limit of {} connections",
+                    shared.config.max_connections
+                ),
+            );
+            continue;
+        }
+        next_id += 1;
+        let id = next_id;
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        let mut live = shared.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.handlers.retain(|h| !h.is_finished());
+        if let Ok(clone) = stream.try_clone() {
+            live.streams.insert(id, clone);
+        }
+        let conn_shared = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("scad-rdma-conn-{id}"))
+            .spawn(move || {
+                match serve_client(&conn_shared, stream) {
+                    Ok(()) => debug!(%peer, "RDMA client disconnected"),
+                    Err(ServeError::Refused { code, reason }) => {
+                        conn_shared.refused.fetch_add(1, Ordering::Relaxed);
+                        warn!(%peer, ?code, %reason, "RDMA client refused");
+                    }
+                    Err(e) => info!(%peer, error = %e, "RDMA exchange connection closed"),
+                }
+                conn_shared
+                    .live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .streams
+                    .remove(&id);
+                conn_shared.active.fetch_sub(1, Ordering::SeqCst);
+            });
+        match spawned {
+            Ok(h) => live.handlers.push(h),
+            Err(e) => {
+                warn!(error = %e, "cannot spawn a connection thread");
+                live.streams.remove(&id);
+                shared.active.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// Exchanges connection information with one client, then keeps its queue pair until
+/// the client closes the connection (or shutdown closes it).
+fn serve_client(shared: &Shared, mut stream: TcpStream) -> std::result::Result<(), ServeError> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(shared.config.handshake_timeout))?;
+    stream.set_write_timeout(Some(shared.config.handshake_timeout))?;
+    let qp = session::serve_exchange(&mut stream, shared.config.token.as_deref(), |client| {
+        let prepared = PreparedQp::new(&shared.pd, qp_config(&shared.config))?;
+        let mut ours = prepared.info();
+        ours.rkey = shared.mr.rkey();
+        ours.addr = shared.mr.addr();
+        ours.size = shared.mr.len() as u64;
+        let qp = prepared.handshake(client)?;
+        Ok((ours, qp))
+    })?;
+    shared.connections.fetch_add(1, Ordering::Relaxed);
+    debug!(
+        qpn = qp.local().qpn,
+        remote_qpn = qp.remote().qpn,
+        "RDMA client connected"
+    );
+    stream.set_read_timeout(None)?;
+    let mut scratch = [0u8; 64];
+    loop {
+        match stream.read(&mut scratch) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+        if shared.stopping.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    drop(qp);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durl::Durl;
+
+    #[test]
+    fn server_without_a_device_says_which_device_is_missing() {
+        let cfg = RdmaServerConfig {
+            device: Some("scad-test-no-such-device".into()),
+            ..RdmaServerConfig::default()
+        };
+        let err = RdmaServer::start("127.0.0.1:0", 4096, cfg).unwrap_err();
+        assert!(
+            matches!(&err, Error::NoDevice { requested: Some(n), .. } if n == "scad-test-no-such-device"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn server_durl_resolves_and_is_checked() {
+        let d: Durl =
+            "mem;rdma_uverbs_server;url,tcp://*:0;size,4096;device,scad-test-no-such-device;"
+                .parse()
+                .unwrap();
+        let cfg = d.resolve().unwrap();
+        assert!(matches!(
+            &cfg,
+            TransportConfig::UverbsServer {
+                port: 1,
+                gid_index: 0,
+                size: 4096,
+                ..
+            }
+        ));
+        assert!(matches!(
+            RdmaServer::from_config(&cfg),
+            Err(Error::NoDevice { .. })
+        ));
+        assert!(matches!(
+            RdmaServer::from_config(&TransportConfig::Local { size: 1 }),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn connectable_turns_wildcards_into_loopback() {
+        let a: SocketAddr = "0.0.0.0:5".parse().unwrap();
+        assert_eq!(connectable(a).to_string(), "127.0.0.1:5");
+        let a: SocketAddr = "[::]:5".parse().unwrap();
+        assert_eq!(connectable(a).to_string(), "[::1]:5");
+    }
+}
