@@ -8,7 +8,11 @@
 //! - `WRITE` (3): `count: u32, count × (addr: u64, len: u32), data` (the lengths' sum).
 //! - `SIZE` (4): nothing.
 //!
-//! Responses: `id: u64, status: u8, payload`; status 0 is success with the op's result
+//! Responses: `id: u64, status: u8, payload_len: u32`, zero padding to a 64-byte head,
+//! the payload, and zero padding to a multiple of 64 bytes. Keeping payloads at 64-byte
+//! stream offsets lets the kernel copy them into (page-aligned) destination buffers at
+//! full speed; a 13-byte head made large reads up to 2× slower on this hardware.
+//! Status 0 is success with the op's result
 //! (`HELLO`: `version: u16, max_frame: u32, size: u64`; `READ`: the bytes in segment
 //! order; `WRITE`: nothing; `SIZE`: `size: u64`), status 1 is an error:
 //! `code: u16, addr: u64, len: u64, size: u64, msg_len: u16, msg`.
@@ -27,8 +31,10 @@ pub const VERSION: u16 = 1;
 pub const LEN_BYTES: usize = 4;
 /// Bytes of a request body before its payload (`id`, `op`).
 pub const REQUEST_HEADER: usize = 9;
-/// Bytes of a response body before its payload (`id`, `status`).
-pub const RESPONSE_HEADER: usize = 9;
+/// Bytes of a response body before its payload (`id`, `status`, `payload_len`, padding).
+pub const RESPONSE_HEADER: usize = RESPONSE_HEAD_BYTES - LEN_BYTES;
+/// Responses are padded to multiples of this many bytes.
+pub const RESPONSE_ALIGN: usize = 64;
 /// Bytes of one `(addr, len)` segment descriptor.
 pub const SEGMENT_BYTES: usize = 12;
 /// Default maximum frame body length: 16 MiB of data plus room for headers.
@@ -367,12 +373,19 @@ pub struct ResponseHead {
     pub id: u64,
     /// True for success.
     pub ok: bool,
-    /// Payload bytes that follow.
+    /// Payload bytes that follow the head.
     pub payload_len: usize,
+    /// Zero bytes after the payload, to skip.
+    pub padding: usize,
 }
 
-/// Bytes of length prefix plus response header.
-pub const RESPONSE_HEAD_BYTES: usize = LEN_BYTES + RESPONSE_HEADER;
+/// Bytes of a response head: length prefix, header and padding.
+pub const RESPONSE_HEAD_BYTES: usize = 64;
+
+/// Padding after a payload of `payload_len` bytes.
+pub fn response_padding(payload_len: usize) -> usize {
+    (RESPONSE_ALIGN - payload_len % RESPONSE_ALIGN) % RESPONSE_ALIGN
+}
 
 /// Decodes the first [`RESPONSE_HEAD_BYTES`] bytes of a response.
 ///
@@ -390,20 +403,39 @@ pub fn decode_response_head(
         1 => false,
         s => return Err(ProtocolError::UnknownStatus(s)),
     };
+    let payload_len = u32::from_le_bytes([bytes[13], bytes[14], bytes[15], bytes[16]]) as usize;
+    let padding = response_padding(payload_len);
+    if len != RESPONSE_HEADER + payload_len + padding {
+        return Err(ProtocolError::Inconsistent(format!(
+            "response of {len} bytes cannot carry a payload of {payload_len}"
+        )));
+    }
     Ok(ResponseHead {
         id,
         ok,
-        payload_len: len - RESPONSE_HEADER,
+        payload_len,
+        padding,
     })
 }
 
-/// Appends the head of a successful response whose payload of `payload_len` bytes the
-/// caller sends next.
-pub fn encode_ok_head(out: &mut Vec<u8>, id: u64, payload_len: usize) {
-    let len = (RESPONSE_HEADER + payload_len) as u32;
+fn encode_head(out: &mut Vec<u8>, id: u64, ok: bool, payload_len: usize) {
+    let len = (RESPONSE_HEADER + payload_len + response_padding(payload_len)) as u32;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&id.to_le_bytes());
-    out.push(0);
+    out.push(u8::from(!ok));
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    out.resize(out.len() + RESPONSE_HEAD_BYTES - 17, 0);
+}
+
+/// Appends the head of a successful response whose payload of `payload_len` bytes the
+/// caller sends next, followed by [`response_padding`] zero bytes.
+pub fn encode_ok_head(out: &mut Vec<u8>, id: u64, payload_len: usize) {
+    encode_head(out, id, true, payload_len);
+}
+
+/// Appends the zero padding that ends a response with a payload of `payload_len` bytes.
+pub fn pad_response(out: &mut Vec<u8>, payload_len: usize) {
+    out.resize(out.len() + response_padding(payload_len), 0);
 }
 
 /// The server's answer to a hello.
@@ -424,6 +456,7 @@ impl HelloReply {
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.max_frame.to_le_bytes());
         out.extend_from_slice(&self.size.to_le_bytes());
+        pad_response(out, 14);
     }
 
     /// Decodes the payload.
@@ -454,6 +487,7 @@ impl HelloReply {
 pub fn encode_size_reply(out: &mut Vec<u8>, id: u64, size: u64) {
     encode_ok_head(out, id, 8);
     out.extend_from_slice(&size.to_le_bytes());
+    pad_response(out, 8);
 }
 
 /// Decodes a size response payload.
@@ -498,16 +532,14 @@ impl ErrorReply {
     pub fn encode(&self, out: &mut Vec<u8>, id: u64) {
         let msg = &self.message.as_bytes()[..self.message.len().min(1024)];
         let payload = 2 + 8 + 8 + 8 + 2 + msg.len();
-        let len = (RESPONSE_HEADER + payload) as u32;
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&id.to_le_bytes());
-        out.push(1);
+        encode_head(out, id, false, payload);
         out.extend_from_slice(&(self.code as u16).to_le_bytes());
         out.extend_from_slice(&self.addr.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&self.size.to_le_bytes());
         out.extend_from_slice(&(msg.len() as u16).to_le_bytes());
         out.extend_from_slice(msg);
+        pad_response(out, payload);
     }
 
     /// Decodes an error payload.
@@ -654,16 +686,18 @@ mod tests {
             size: 42,
         };
         hello.encode(&mut out, 3);
-        let head = decode_response_head(out[..13].try_into().unwrap(), 1 << 20).unwrap();
+        assert_eq!(out.len() % RESPONSE_ALIGN, 0);
+        let head = decode_response_head(out[..64].try_into().unwrap(), 1 << 20).unwrap();
         assert_eq!(
             head,
             ResponseHead {
                 id: 3,
                 ok: true,
-                payload_len: 14
+                payload_len: 14,
+                padding: 50
             }
         );
-        assert_eq!(HelloReply::decode(&out[13..]).unwrap(), hello);
+        assert_eq!(HelloReply::decode(&out[64..78]).unwrap(), hello);
         out.clear();
         let err = ErrorReply {
             code: ErrorCode::OutOfRange,
@@ -673,13 +707,26 @@ mod tests {
             message: "no".into(),
         };
         err.encode(&mut out, 4);
-        let head = decode_response_head(out[..13].try_into().unwrap(), 1 << 20).unwrap();
+        assert_eq!(out.len() % RESPONSE_ALIGN, 0);
+        let head = decode_response_head(out[..64].try_into().unwrap(), 1 << 20).unwrap();
         assert!(!head.ok);
-        assert_eq!(head.payload_len, out.len() - 13);
-        assert_eq!(ErrorReply::decode(&out[13..]).unwrap(), err);
+        assert_eq!(head.payload_len + head.padding, out.len() - 64);
+        assert_eq!(
+            ErrorReply::decode(&out[64..64 + head.payload_len]).unwrap(),
+            err
+        );
         out.clear();
         encode_size_reply(&mut out, 5, 99);
-        assert_eq!(decode_size_reply(&out[13..]).unwrap(), 99);
+        assert_eq!(out.len(), 128);
+        assert_eq!(decode_size_reply(&out[64..72]).unwrap(), 99);
+        out.clear();
+        encode_ok_head(&mut out, 6, 128);
+        assert_eq!(
+            decode_response_head(out[..64].try_into().unwrap(), 1 << 20)
+                .unwrap()
+                .padding,
+            0
+        );
     }
 
     #[test]
@@ -692,15 +739,21 @@ mod tests {
             check_frame_len(3, 99, 9),
             Err(ProtocolError::Truncated { .. })
         ));
-        let mut head = [0u8; 13];
+        let mut head = [0u8; RESPONSE_HEAD_BYTES];
         head[..4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_response_head(&head, DEFAULT_MAX_FRAME).is_err());
-        head[..4].copy_from_slice(&9u32.to_le_bytes());
+        head[..4].copy_from_slice(&60u32.to_le_bytes());
         head[12] = 7;
         assert_eq!(
             decode_response_head(&head, DEFAULT_MAX_FRAME),
             Err(ProtocolError::UnknownStatus(7))
         );
+        head[12] = 0;
+        head[13] = 1; // claims a payload byte the length has no room for
+        assert!(matches!(
+            decode_response_head(&head, DEFAULT_MAX_FRAME),
+            Err(ProtocolError::Inconsistent(_))
+        ));
     }
 
     proptest::proptest! {
@@ -709,8 +762,8 @@ mod tests {
             let _ = decode_request(&bytes);
             let _ = ErrorReply::decode(&bytes);
             let _ = HelloReply::decode(&bytes);
-            if bytes.len() >= 13 {
-                let _ = decode_response_head(bytes[..13].try_into().unwrap(), DEFAULT_MAX_FRAME);
+            if bytes.len() >= RESPONSE_HEAD_BYTES {
+                let _ = decode_response_head(bytes[..RESPONSE_HEAD_BYTES].try_into().unwrap(), DEFAULT_MAX_FRAME);
             }
         }
     }

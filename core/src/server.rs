@@ -392,8 +392,9 @@ enum ConnError {
     Region(#[from] Error),
 }
 
-/// Below this many bytes a read reply is copied into one buffer and sent with one call.
-const SMALL_REPLY: usize = 64 * 1024;
+/// Below this many bytes a read reply is copied into one buffer and sent with one call;
+/// larger replies go to the socket straight from the region's (page-aligned) memory.
+const SMALL_REPLY: usize = 16 * 1024;
 
 fn serve_connection(shared: &Shared, stream: TcpStream) -> std::result::Result<(), ConnError> {
     stream.set_nodelay(true)?;
@@ -484,7 +485,9 @@ fn serve_connection(shared: &Shared, stream: TcpStream) -> std::result::Result<(
             Request::Size => protocol::encode_size_reply(&mut out, id, region.size()),
             Request::Read { segments } => {
                 let total: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
-                if total > u64::from(max_frame) - RESPONSE_HEADER as u64 {
+                if total + protocol::RESPONSE_ALIGN as u64
+                    > u64::from(max_frame) - RESPONSE_HEADER as u64
+                {
                     reply_error(
                         shared,
                         &mut out,
@@ -506,6 +509,7 @@ fn serve_connection(shared: &Shared, stream: TcpStream) -> std::result::Result<(
                             out.resize(start + s.len as usize, 0);
                             region.read(s.addr, &mut out[start..])?;
                         }
+                        protocol::pad_response(&mut out, total as usize);
                     } else {
                         writer.write_all(&out)?;
                         out.clear();
@@ -514,6 +518,7 @@ fn serve_connection(shared: &Shared, stream: TcpStream) -> std::result::Result<(
                                 writer.write_all(piece).map_err(ConnError::Io)
                             })?;
                         }
+                        protocol::pad_response(&mut out, total as usize);
                     }
                     shared
                         .counters

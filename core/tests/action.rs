@@ -11,7 +11,10 @@ use scad_core::{Action, Error, TransportConfig, TransportState};
 fn late_configuration_wakes_a_waiting_reader() {
     let server = MemoryServer::start("127.0.0.1:0", 1 << 20, ServerConfig::default()).unwrap();
     let action = Arc::new(Action::new("late"));
-    assert_eq!(action.add_transport("mem;rdma_tcp;").unwrap(), TransportState::Pending);
+    assert_eq!(
+        action.add_transport("mem;rdma_tcp;").unwrap(),
+        TransportState::Pending
+    );
     let mem = action.endpoint("mem").unwrap();
     mem.reg(4096).unwrap();
     mem.buffer().unwrap().write_at(0, b"ping").unwrap();
@@ -41,7 +44,9 @@ fn unconfigured_transport_times_out_with_a_clear_error() {
     let err = mem.read(4, 0, 0).unwrap_err();
     assert!(started.elapsed() >= Duration::from_millis(100));
     match err {
-        Error::Timeout { what, .. } => assert!(what.contains("\"mem\"") && what.contains("url"), "{what}"),
+        Error::Timeout { what, .. } => {
+            assert!(what.contains("\"mem\"") && what.contains("url"), "{what}")
+        }
         other => panic!("{other}"),
     }
 }
@@ -54,26 +59,55 @@ fn terminate_wakes_waiters() {
     let waiter = std::thread::spawn(move || mem.read_into(0, &mut [0u8; 4]));
     std::thread::sleep(Duration::from_millis(30));
     action.terminate();
-    assert!(matches!(waiter.join().unwrap(), Err(Error::Terminated { .. })));
+    assert!(matches!(
+        waiter.join().unwrap(),
+        Err(Error::Terminated { .. })
+    ));
     assert!(action.names().is_empty());
 }
 
 #[test]
 fn names_kinds_and_buffers_are_checked() {
     let action = Action::new("checks");
-    assert!(matches!(action.endpoint("nope"), Err(Error::UnknownTransport { .. })));
+    assert!(matches!(
+        action.endpoint("nope"),
+        Err(Error::UnknownTransport { .. })
+    ));
     action.add_transport("a;rdma_local;size,4096;").unwrap();
     action.add_transport("b;rdma_local;size,4096;").unwrap();
-    action.add_transport("srv;rdma_tcp_server;url,tcp://*:0;size,4096;").unwrap();
+    action
+        .add_transport("srv;rdma_tcp_server;url,tcp://*:0;size,4096;")
+        .unwrap();
     let err = action.endpoint("zzz").unwrap_err().to_string();
     assert!(err.contains("a, b, srv"), "{err}");
-    assert!(matches!(action.add_transport("a;rdma_local;size,1;"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(action.add_transport("c;rdma_local;size,x;"), Err(Error::Durl { .. })));
-    assert!(matches!(action.config_transport("a", "b;rdma_local;size,4096;"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(action.config_transport("a", "a;rdma_local;size,8192;"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(action.endpoint("srv"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(action.server_config("srv").unwrap(), TransportConfig::TcpServer { size: 4096, .. }));
-    assert!(matches!(action.server_config("a"), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        action.add_transport("a;rdma_local;size,1;"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        action.add_transport("c;rdma_local;size,x;"),
+        Err(Error::Durl { .. })
+    ));
+    assert!(matches!(
+        action.config_transport("a", "b;rdma_local;size,4096;"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        action.config_transport("a", "a;rdma_local;size,8192;"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        action.endpoint("srv"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        action.server_config("srv").unwrap(),
+        TransportConfig::TcpServer { size: 4096, .. }
+    ));
+    assert!(matches!(
+        action.server_config("a"),
+        Err(Error::InvalidArgument(_))
+    ));
 
     let a = action.endpoint("a").unwrap();
     let b = action.endpoint("b").unwrap();
@@ -96,6 +130,9 @@ fn names_kinds_and_buffers_are_checked() {
     assert_eq!(b.stats().bytes_written, 7);
     action.release("a").unwrap();
     assert!(matches!(a.read(1, 0, 0), Err(Error::Terminated { .. })));
-    assert!(matches!(action.release("a"), Err(Error::UnknownTransport { .. })));
+    assert!(matches!(
+        action.release("a"),
+        Err(Error::UnknownTransport { .. })
+    ));
     assert_eq!(TransportState::Ready.code(), 1);
 }

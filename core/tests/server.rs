@@ -22,14 +22,23 @@ fn client(s: &MemoryServer) -> TcpTransport {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[test]
 fn round_trips_of_every_size() {
     let s = server(80 << 20);
     let c = client(&s);
-    for (addr, len) in [(0u64, 0usize), (1, 1), (4093, 4096), (1 << 20, 64 << 10), (3 << 20, 1 << 20), (8 << 20, 40 << 20)] {
+    for (addr, len) in [
+        (0u64, 0usize),
+        (1, 1),
+        (4093, 4096),
+        (1 << 20, 64 << 10),
+        (3 << 20, 1 << 20),
+        (8 << 20, 40 << 20),
+    ] {
         let data = pattern(len, len as u8);
         c.write(addr, &data).unwrap();
         let mut back = vec![0u8; len];
@@ -39,7 +48,10 @@ fn round_trips_of_every_size() {
     assert_eq!(c.remote_size().unwrap(), 80 << 20);
     let st = c.stats();
     assert_eq!(st.read_ops, 6);
-    assert_eq!(st.bytes_read, (1 + 4096 + (64 << 10) + (1 << 20) + (40 << 20)) as u64);
+    assert_eq!(
+        st.bytes_read,
+        (1 + 4096 + (64 << 10) + (1 << 20) + (40 << 20)) as u64
+    );
     assert!(s.stats().bytes_written >= 40 << 20);
 }
 
@@ -66,10 +78,18 @@ fn vectored_reads_and_writes_scatter_and_gather() {
     let pages: Vec<Vec<u8>> = (0..256).map(|i| pattern(4096, i as u8)).collect();
     // Scattered, non-monotonic addresses.
     let addrs: Vec<u64> = (0..256u64).map(|i| ((i * 97) % 256) * 8192 + 100).collect();
-    let ops: Vec<WriteOp<'_>> = pages.iter().zip(&addrs).map(|(p, &a)| WriteOp { addr: a, src: p }).collect();
+    let ops: Vec<WriteOp<'_>> = pages
+        .iter()
+        .zip(&addrs)
+        .map(|(p, &a)| WriteOp { addr: a, src: p })
+        .collect();
     c.write_vectored(&ops).unwrap();
     let mut back = vec![vec![0u8; 4096]; 256];
-    let mut reads: Vec<ReadOp<'_>> = back.iter_mut().zip(&addrs).map(|(b, &a)| ReadOp { addr: a, dst: b }).collect();
+    let mut reads: Vec<ReadOp<'_>> = back
+        .iter_mut()
+        .zip(&addrs)
+        .map(|(b, &a)| ReadOp { addr: a, dst: b })
+        .collect();
     c.read_vectored(&mut reads).unwrap();
     assert_eq!(back, pages);
     // One page read singly agrees with the vectored view.
@@ -89,14 +109,26 @@ fn out_of_range_is_an_error_and_changes_nothing() {
         b
     };
     let err = c.write((1 << 16) - 8, &[1u8; 16]).unwrap_err();
-    assert!(matches!(err, Error::OutOfRange { addr, len: 16, size, .. } if addr == (1 << 16) - 8 && size == 1 << 16), "{err}");
-    assert!(c.read(u64::MAX - 1, &mut [0u8; 4]).unwrap_err().is_out_of_range());
+    assert!(
+        matches!(err, Error::OutOfRange { addr, len: 16, size, .. } if addr == (1 << 16) - 8 && size == 1 << 16),
+        "{err}"
+    );
+    assert!(c
+        .read(u64::MAX - 1, &mut [0u8; 4])
+        .unwrap_err()
+        .is_out_of_range());
     let mut b = [0u8; 1];
     assert!(c.read(1 << 16, &mut b).is_err());
     // A vectored write with one bad piece writes none of them.
     let ok = [9u8; 8];
     let err = c
-        .write_vectored(&[WriteOp { addr: 0, src: &ok }, WriteOp { addr: 1 << 20, src: &ok }])
+        .write_vectored(&[
+            WriteOp { addr: 0, src: &ok },
+            WriteOp {
+                addr: 1 << 20,
+                src: &ok,
+            },
+        ])
         .unwrap_err();
     assert!(err.is_out_of_range());
     let mut after = vec![0u8; 1 << 16];
@@ -110,7 +142,9 @@ struct Raw(TcpStream);
 impl Raw {
     fn connect(s: &MemoryServer) -> Raw {
         let stream = TcpStream::connect(s.local_addr()).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         Raw(stream)
     }
     fn send(&mut self, bytes: &[u8]) {
@@ -131,8 +165,9 @@ impl Raw {
         let mut head = [0u8; protocol::RESPONSE_HEAD_BYTES];
         self.0.read_exact(&mut head).unwrap();
         let head = protocol::decode_response_head(&head, u32::MAX).unwrap();
-        let mut payload = vec![0u8; head.payload_len];
+        let mut payload = vec![0u8; head.payload_len + head.padding];
         self.0.read_exact(&mut payload).unwrap();
+        payload.truncate(head.payload_len);
         (head.ok, payload)
     }
     fn error(&mut self) -> ErrorReply {
@@ -162,7 +197,10 @@ fn garbage_truncated_and_oversized_frames_are_refused() {
     let mut r = Raw::connect(&s);
     r.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     let e = r.error();
-    assert!(matches!(e.code, ErrorCode::FrameTooLarge | ErrorCode::Malformed), "{e}");
+    assert!(
+        matches!(e.code, ErrorCode::FrameTooLarge | ErrorCode::Malformed),
+        "{e}"
+    );
     assert!(r.closed());
 
     let mut r = Raw::connect(&s);
@@ -215,7 +253,12 @@ fn zero_length_and_huge_requests() {
     let mut r = Raw::connect(&s);
     r.hello(b"").unwrap();
     let mut out = Vec::new();
-    let segs: Vec<Segment> = (0..40).map(|_| Segment { addr: 0, len: 1 << 19 }).collect();
+    let segs: Vec<Segment> = (0..40)
+        .map(|_| Segment {
+            addr: 0,
+            len: 1 << 19,
+        })
+        .collect();
     protocol::encode_read(&mut out, 3, &segs);
     r.send(&out);
     assert_eq!(r.error().code, ErrorCode::FrameTooLarge);
@@ -229,15 +272,32 @@ fn zero_length_and_huge_requests() {
 
 #[test]
 fn token_is_checked_before_anything_else() {
-    let config = ServerConfig { token: Some("s3cret".into()), ..ServerConfig::default() };
+    let config = ServerConfig {
+        token: Some("s3cret".into()),
+        ..ServerConfig::default()
+    };
     let s = MemoryServer::start("127.0.0.1:0", 1 << 16, config).unwrap();
     let addr = s.local_addr().to_string();
-    let good = TcpOptions { token: Some("s3cret".into()), ..TcpOptions::default() };
+    let good = TcpOptions {
+        token: Some("s3cret".into()),
+        ..TcpOptions::default()
+    };
     let c = TcpTransport::connect(&addr, good).unwrap();
     c.write(0, b"private").unwrap();
 
-    for token in [None, Some("wrong".to_owned()), Some("s3cret-but-longer".to_owned())] {
-        let err = TcpTransport::connect(&addr, TcpOptions { token, ..TcpOptions::default() }).unwrap_err();
+    for token in [
+        None,
+        Some("wrong".to_owned()),
+        Some("s3cret-but-longer".to_owned()),
+    ] {
+        let err = TcpTransport::connect(
+            &addr,
+            TcpOptions {
+                token,
+                ..TcpOptions::default()
+            },
+        )
+        .unwrap_err();
         assert!(matches!(err, Error::Auth { .. }), "{err}");
         let lazy = TcpTransport::new(&addr, TcpOptions::default());
         assert!(matches!(lazy.write(0, b"XXXXXXX"), Err(Error::Auth { .. })));
@@ -271,9 +331,10 @@ fn pipelined_requests_are_answered_in_order() {
         r.0.read_exact(&mut head).unwrap();
         let head = protocol::decode_response_head(&head, u32::MAX).unwrap();
         assert_eq!(head.id, id);
-        let mut data = [0u8; 8];
+        assert_eq!((head.payload_len, head.padding), (8, 56));
+        let mut data = [0u8; 64];
         r.0.read_exact(&mut data).unwrap();
-        assert_eq!(&data[..], &pattern(4096, 1)[id as usize..id as usize + 8]);
+        assert_eq!(&data[..8], &pattern(4096, 1)[id as usize..id as usize + 8]);
     }
 }
 
@@ -312,13 +373,25 @@ fn many_concurrent_clients_on_disjoint_ranges() {
 
 #[test]
 fn connection_limit_refuses_with_busy() {
-    let config = ServerConfig { max_connections: 2, ..ServerConfig::default() };
+    let config = ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    };
     let s = MemoryServer::start("127.0.0.1:0", 4096, config).unwrap();
     let a = client(&s);
     let b = client(&s);
     let addr = s.local_addr().to_string();
     let err = TcpTransport::connect(&addr, TcpOptions::default()).unwrap_err();
-    assert!(matches!(&err, Error::Remote { code: ErrorCode::Busy, .. }), "{err}");
+    assert!(
+        matches!(
+            &err,
+            Error::Remote {
+                code: ErrorCode::Busy,
+                ..
+            }
+        ),
+        "{err}"
+    );
     a.write(0, b"a").unwrap();
     drop(b);
     // A slot frees up once a client leaves.
@@ -350,7 +423,10 @@ fn a_silent_server_times_out_instead_of_hanging() {
         std::thread::sleep(Duration::from_secs(2));
         drop(conn);
     });
-    let options = TcpOptions { timeout: Duration::from_millis(200), ..TcpOptions::default() };
+    let options = TcpOptions {
+        timeout: Duration::from_millis(200),
+        ..TcpOptions::default()
+    };
     let started = Instant::now();
     let err = TcpTransport::connect(&addr, options).unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
@@ -362,13 +438,27 @@ fn a_silent_server_times_out_instead_of_hanging() {
 fn server_shutdown_fails_waiting_clients_and_restart_reconnects() {
     let s = server(1 << 20);
     let addr = s.local_addr();
-    let c = TcpTransport::connect(&addr.to_string(), TcpOptions { timeout: Duration::from_secs(5), ..TcpOptions::default() }).unwrap();
+    let c = TcpTransport::connect(
+        &addr.to_string(),
+        TcpOptions {
+            timeout: Duration::from_secs(5),
+            ..TcpOptions::default()
+        },
+    )
+    .unwrap();
     c.write(0, b"before").unwrap();
     let started = Instant::now();
     s.shutdown();
-    assert!(started.elapsed() < Duration::from_secs(3), "shutdown with a connected client took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "shutdown with a connected client took {:?}",
+        started.elapsed()
+    );
     let err = c.read(0, &mut [0u8; 6]).unwrap_err();
-    assert!(matches!(err, Error::Io { .. } | Error::Connect { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Io { .. } | Error::Connect { .. }),
+        "{err}"
+    );
     // A new server on the same port: the same transport reconnects on its next call.
     let s2 = MemoryServer::start(&addr.to_string(), 1 << 20, ServerConfig::default()).unwrap();
     c.write(0, b"after").unwrap();
@@ -380,19 +470,37 @@ fn server_shutdown_fails_waiting_clients_and_restart_reconnects() {
 
 #[test]
 fn bad_server_configuration_is_refused() {
-    let tiny = ServerConfig { max_frame: 10, ..ServerConfig::default() };
-    assert!(matches!(MemoryServer::start("127.0.0.1:0", 4096, tiny), Err(Error::Server { .. })));
-    let none = ServerConfig { max_connections: 0, ..ServerConfig::default() };
+    let tiny = ServerConfig {
+        max_frame: 10,
+        ..ServerConfig::default()
+    };
+    assert!(matches!(
+        MemoryServer::start("127.0.0.1:0", 4096, tiny),
+        Err(Error::Server { .. })
+    ));
+    let none = ServerConfig {
+        max_connections: 0,
+        ..ServerConfig::default()
+    };
     assert!(MemoryServer::start("127.0.0.1:0", 4096, none).is_err());
-    assert!(matches!(MemoryServer::start("not an address", 4096, ServerConfig::default()), Err(Error::Server { .. })));
-    assert!(matches!(MemoryServer::start("127.0.0.1:0", u64::MAX, ServerConfig::default()), Err(Error::Alloc { .. })));
+    assert!(matches!(
+        MemoryServer::start("not an address", 4096, ServerConfig::default()),
+        Err(Error::Server { .. })
+    ));
+    assert!(matches!(
+        MemoryServer::start("127.0.0.1:0", u64::MAX, ServerConfig::default()),
+        Err(Error::Alloc { .. })
+    ));
     let err = TcpTransport::connect("127.0.0.1:1", TcpOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Connect { .. }), "{err}");
 }
 
 #[test]
 fn small_frames_split_large_transfers() {
-    let config = ServerConfig { max_frame: 8192, ..ServerConfig::default() };
+    let config = ServerConfig {
+        max_frame: 8192,
+        ..ServerConfig::default()
+    };
     let s = MemoryServer::start("127.0.0.1:0", 1 << 20, config).unwrap();
     let c = client(&s);
     let data = pattern(300_000, 3);
@@ -400,5 +508,9 @@ fn small_frames_split_large_transfers() {
     let mut back = vec![0u8; data.len()];
     c.read(5, &mut back).unwrap();
     assert!(back == data);
-    assert!(s.stats().requests > 70, "expected many small frames, saw {}", s.stats().requests);
+    assert!(
+        s.stats().requests > 70,
+        "expected many small frames, saw {}",
+        s.stats().requests
+    );
 }

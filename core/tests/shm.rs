@@ -21,8 +21,14 @@ fn two_handles_see_the_same_bytes() {
     let mut back = [0u8; 12];
     b.read(12345, &mut back).unwrap();
     assert_eq!(&back, b"shared bytes");
-    assert!(b.read((1 << 20) - 4, &mut back).unwrap_err().is_out_of_range());
-    assert!(matches!(ShmTransport::open(&id, 1 << 21), Err(Error::Shm { .. })), "size mismatch must be refused");
+    assert!(b
+        .read((1 << 20) - 4, &mut back)
+        .unwrap_err()
+        .is_out_of_range());
+    assert!(
+        matches!(ShmTransport::open(&id, 1 << 21), Err(Error::Shm { .. })),
+        "size mismatch must be refused"
+    );
     drop(b);
     drop(a);
     // The creator unlinked it: a new open creates a fresh zeroed segment.
@@ -35,9 +41,18 @@ fn two_handles_see_the_same_bytes() {
 
 #[test]
 fn bad_ids_and_sizes_are_refused() {
-    assert!(matches!(ShmTransport::open("nul\0id", 4096), Err(Error::Shm { .. })));
-    assert!(matches!(ShmTransport::open(&unique("zero"), 0), Err(Error::Shm { .. })));
-    assert!(matches!(ShmTransport::open(&unique("huge"), u64::MAX), Err(Error::Shm { .. })));
+    assert!(matches!(
+        ShmTransport::open("nul\0id", 4096),
+        Err(Error::Shm { .. })
+    ));
+    assert!(matches!(
+        ShmTransport::open(&unique("zero"), 0),
+        Err(Error::Shm { .. })
+    ));
+    assert!(matches!(
+        ShmTransport::open(&unique("huge"), u64::MAX),
+        Err(Error::Shm { .. })
+    ));
 }
 
 /// Run by `another_process_reads_and_writes` in a child process.

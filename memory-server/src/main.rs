@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use scad_core::server::{MemoryServer, ServerConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -55,6 +55,15 @@ struct Args {
     /// List RDMA devices and exit.
     #[arg(long)]
     list_devices: bool,
+    /// RDMA device (default: the first one found).
+    #[arg(long)]
+    device: Option<String>,
+    /// RDMA device port.
+    #[arg(long, default_value_t = 1)]
+    rdma_port: u8,
+    /// RDMA GID table index.
+    #[arg(long, default_value_t = 0)]
+    gid_index: u8,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -80,7 +89,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
@@ -88,7 +99,7 @@ fn main() -> Result<()> {
         return list_devices();
     }
     if args.implementation == Impl::Rdma {
-        bail!("memory_server: the rdma implementation needs a build with the `rdma` feature and an RDMA device");
+        return serve_rdma(&args);
     }
     let config = ServerConfig {
         token: args.token.clone(),
@@ -96,30 +107,80 @@ fn main() -> Result<()> {
         max_connections: args.max_connections,
         idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
     };
-    let bind = if args.bind.contains(':') {
-        format!("[{}]:{}", args.bind, args.port)
-    } else {
-        format!("{}:{}", args.bind, args.port)
-    };
+    let bind = bind_addr(&args);
     let server = MemoryServer::start(&bind, args.size, config)
         .with_context(|| format!("starting the memory server on {bind}"))?;
-    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
     let stop = server.shutdown_handle();
-    std::thread::spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            tracing::info!(signal = sig, "stopping");
-            stop.shutdown();
-        }
-    });
+    on_signal(move || stop.shutdown())?;
     println!("listening on {}", server.local_addr());
     std::io::stdout().flush().context("writing to stdout")?;
     server.wait();
     Ok(())
 }
 
-fn list_devices() -> Result<()> {
-    println!("no RDMA devices: this build has no `rdma` feature");
+fn bind_addr(args: &Args) -> String {
+    if args.bind.contains(':') {
+        format!("[{}]:{}", args.bind, args.port)
+    } else {
+        format!("{}:{}", args.bind, args.port)
+    }
+}
+
+/// Stops `stop` on the first SIGINT or SIGTERM.
+fn on_signal(stop: impl FnOnce() + Send + 'static) -> Result<()> {
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "stopping");
+            stop();
+        }
+    });
     Ok(())
+}
+
+#[cfg(feature = "rdma")]
+fn list_devices() -> Result<()> {
+    let devices = scad_core::rdma::list_devices().context("listing RDMA devices")?;
+    if devices.is_empty() {
+        println!("no RDMA devices found on this host");
+    }
+    for d in &devices {
+        println!("{d}");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "rdma"))]
+fn list_devices() -> Result<()> {
+    println!("no RDMA support: this memory_server was built without the `rdma` feature");
+    Ok(())
+}
+
+#[cfg(feature = "rdma")]
+fn serve_rdma(args: &Args) -> Result<()> {
+    use scad_core::rdma::{RdmaServer, RdmaServerConfig};
+    let config = RdmaServerConfig {
+        token: args.token.clone(),
+        device: args.device.clone(),
+        port: args.rdma_port,
+        gid_index: args.gid_index,
+        max_connections: args.max_connections,
+        ..RdmaServerConfig::default()
+    };
+    let bind = bind_addr(args);
+    let server = RdmaServer::start(&bind, args.size, config)
+        .with_context(|| format!("starting the RDMA memory server on {bind}"))?;
+    let stop = server.shutdown_handle();
+    on_signal(move || stop.shutdown())?;
+    println!("listening on {}", server.local_addr());
+    std::io::stdout().flush().context("writing to stdout")?;
+    server.wait();
+    Ok(())
+}
+
+#[cfg(not(feature = "rdma"))]
+fn serve_rdma(_args: &Args) -> Result<()> {
+    anyhow::bail!("the rdma implementation needs a memory_server built with the `rdma` feature")
 }
 
 #[cfg(test)]

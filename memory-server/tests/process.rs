@@ -24,7 +24,9 @@ impl Server {
             .spawn()
             .unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
         let addr = line
             .trim()
             .strip_prefix("listening on ")
@@ -34,7 +36,10 @@ impl Server {
     }
 
     fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap();
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
 
@@ -79,21 +84,40 @@ fn token_protects_the_process_and_sigint_stops_it() {
     let server = Server::start(&["--token", "tok"]);
     let err = TcpTransport::connect(&server.addr, TcpOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Auth { .. }), "{err}");
-    let good = TcpOptions { token: Some("tok".into()), ..TcpOptions::default() };
-    TcpTransport::connect(&server.addr, good).unwrap().write(0, b"x").unwrap();
+    let good = TcpOptions {
+        token: Some("tok".into()),
+        ..TcpOptions::default()
+    };
+    TcpTransport::connect(&server.addr, good)
+        .unwrap()
+        .write(0, b"x")
+        .unwrap();
     server.signal("-INT");
     assert!(server.wait_exit().success());
 }
 
 #[test]
 fn bad_arguments_fail_with_a_message() {
-    for args in [vec!["0", "tcp", "--size", "0"], vec!["0", "udp"], vec!["99999"], vec!["0", "tcp", "--size", "12Q"]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_memory_server")).args(&args).output().unwrap();
+    for args in [
+        vec!["0", "tcp", "--size", "0"],
+        vec!["0", "udp"],
+        vec!["99999"],
+        vec!["0", "tcp", "--size", "12Q"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_memory_server"))
+            .args(&args)
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "{args:?} should fail");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("error"), "{args:?}: {stderr}");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_memory_server")).arg("--list-devices").output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memory_server"))
+        .arg("--list-devices")
+        .output()
+        .unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).to_lowercase().contains("rdma"));
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .to_lowercase()
+        .contains("rdma"));
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 use super::{check_remote, Counters, ReadOp, Transport, TransportStats, WriteOp};
 use crate::error::{Error, Result};
 use crate::protocol::{
-    self, ErrorCode, ErrorReply, HelloReply, ProtocolError, Segment, RESPONSE_HEAD_BYTES,
-    SEGMENT_BYTES,
+    self, ErrorCode, ErrorReply, HelloReply, ProtocolError, ResponseHead, Segment,
+    RESPONSE_HEAD_BYTES, SEGMENT_BYTES,
 };
 
 /// Settings of a [`TcpTransport`].
@@ -180,7 +180,9 @@ impl TcpTransport {
             .try_clone()
             .map_err(|e| self.io_err("clone socket", e))?;
         let mut conn = Connection {
-            reader: BufReader::with_capacity(64 * 1024, reader),
+            // Small, so large replies go from the socket straight into the caller's
+            // buffer instead of through a copy from a misaligned staging buffer.
+            reader: BufReader::with_capacity(8 * 1024 + 2 * protocol::RESPONSE_ALIGN, reader),
             writer: stream,
             hello: HelloReply {
                 version: 0,
@@ -204,12 +206,13 @@ impl TcpTransport {
 
     /// Reads one whole small reply and returns its payload (errors become `Err`).
     fn read_reply(&self, conn: &mut Connection, id: u64, op: &'static str) -> Result<Vec<u8>> {
-        let (ok, len) = self.read_head(conn, id)?;
-        let mut payload = vec![0u8; len];
+        let head = self.read_head(conn, id)?;
+        let mut payload = vec![0u8; head.payload_len];
         conn.reader
             .read_exact(&mut payload)
             .map_err(|e| self.io_err("receive reply", e))?;
-        if ok {
+        self.skip_padding(conn, head.padding)?;
+        if head.ok {
             Ok(payload)
         } else {
             let reply = ErrorReply::decode(&payload).map_err(|e| self.proto_err(e))?;
@@ -217,7 +220,14 @@ impl TcpTransport {
         }
     }
 
-    fn read_head(&self, conn: &mut Connection, id: u64) -> Result<(bool, usize)> {
+    fn skip_padding(&self, conn: &mut Connection, padding: usize) -> Result<()> {
+        let mut pad = [0u8; protocol::RESPONSE_ALIGN];
+        conn.reader
+            .read_exact(&mut pad[..padding])
+            .map_err(|e| self.io_err("receive reply", e))
+    }
+
+    fn read_head(&self, conn: &mut Connection, id: u64) -> Result<ResponseHead> {
         let mut head = [0u8; RESPONSE_HEAD_BYTES];
         conn.reader.read_exact(&mut head).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -241,7 +251,7 @@ impl TcpTransport {
                 got: head.id,
             }));
         }
-        Ok((head.ok, head.payload_len))
+        Ok(head)
     }
 
     fn checkout(&self) -> Result<Connection> {
@@ -319,8 +329,9 @@ impl TcpTransport {
             }
             let frame = &frames[received];
             let id = base + received as u64;
-            let (ok, len) = self.read_head(conn, id)?;
-            if !ok {
+            let head = self.read_head(conn, id)?;
+            let len = head.payload_len;
+            if !head.ok {
                 let mut payload = vec![0u8; len];
                 conn.reader
                     .read_exact(&mut payload)
@@ -340,6 +351,7 @@ impl TcpTransport {
                     .read_exact(dst)
                     .map_err(|e| self.io_err("receive read data", e))?;
             }
+            self.skip_padding(conn, head.padding)?;
             received += 1;
         }
         Ok(())

@@ -42,7 +42,10 @@ fn main() -> Result<()> {
     // mem1 is added before its address is known and configured later, as the runtime does.
     action.add_transport("mem1;rdma_tcp;")?;
     action.add_transport(&format!("local;rdma_local;size,{size};"))?;
-    action.add_transport(&format!("shm;rdma_shm;size,{size};shm_id,scad-main-{};", std::process::id()))?;
+    action.add_transport(&format!(
+        "shm;rdma_shm;size,{size};shm_id,scad-main-{};",
+        std::process::id()
+    ))?;
     let late = {
         let action = Arc::clone(&action);
         let url = servers[1].url();
@@ -52,12 +55,23 @@ fn main() -> Result<()> {
         })
     };
 
-    let data: Vec<u8> = (0..bytes).map(|i| (i as u32).wrapping_mul(2654435761) as u8).collect();
-    println!("Scad embedded demo: {} MiB through each of {} memory elements\n", args.mib, action.names().len());
-    println!("{:<8} {:<28} {:>12} {:>12} {:>14}", "element", "transport", "write MB/s", "read MB/s", "4 KiB pages/s");
+    let data: Vec<u8> = (0..bytes)
+        .map(|i| (i as u32).wrapping_mul(2654435761) as u8)
+        .collect();
+    println!(
+        "Scad embedded demo: {} MiB through each of {} memory elements\n",
+        args.mib,
+        action.names().len()
+    );
+    println!(
+        "{:<8} {:<28} {:>12} {:>12} {:>14}",
+        "element", "transport", "write MB/s", "read MB/s", "4 KiB pages/s"
+    );
     for name in ["mem0", "mem1", "local", "shm"] {
         let ep = action.endpoint(name)?;
-        let t = ep.transport().with_context(|| format!("waiting for {name}"))?;
+        let t = ep
+            .transport()
+            .with_context(|| format!("waiting for {name}"))?;
         let started = Instant::now();
         t.write(0, &data)?;
         let write_s = started.elapsed().as_secs_f64();
@@ -65,14 +79,20 @@ fn main() -> Result<()> {
         let started = Instant::now();
         t.read(0, &mut back)?;
         let read_s = started.elapsed().as_secs_f64();
-        ensure!(back == data, "{name}: data read back differs from data written");
+        ensure!(
+            back == data,
+            "{name}: data read back differs from data written"
+        );
         // Vectored: every 16th page of the data set in one call.
         let pages: Vec<u64> = (0..(bytes / 4096) as u64).step_by(16).collect();
         let mut bufs = vec![[0u8; 4096]; pages.len()];
         let mut ops: Vec<ReadOp<'_>> = bufs
             .iter_mut()
             .zip(&pages)
-            .map(|(b, &p)| ReadOp { addr: p * 4096, dst: &mut b[..] })
+            .map(|(b, &p)| ReadOp {
+                addr: p * 4096,
+                dst: &mut b[..],
+            })
             .collect();
         let started = Instant::now();
         t.read_vectored(&mut ops)?;
@@ -90,14 +110,22 @@ fn main() -> Result<()> {
             pages_s
         );
     }
-    late.join().map_err(|_| anyhow::anyhow!("configuration thread panicked"))??;
+    late.join()
+        .map_err(|_| anyhow::anyhow!("configuration thread panicked"))??;
     println!("\nall data verified; transport counters:");
     for name in action.names() {
         println!("  {name:<6} {}", action.endpoint(&name)?.stats());
     }
     for (i, s) in servers.iter().enumerate() {
         let st = s.stats();
-        println!("  server {i} at {}: {} connections, {} requests, {} B in, {} B out", s.url(), st.connections, st.requests, st.bytes_written, st.bytes_read);
+        println!(
+            "  server {i} at {}: {} connections, {} requests, {} B in, {} B out",
+            s.url(),
+            st.connections,
+            st.requests,
+            st.bytes_written,
+            st.bytes_read
+        );
     }
     action.terminate();
     for s in servers {
