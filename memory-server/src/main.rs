@@ -111,11 +111,11 @@ fn main() -> Result<()> {
     let server = MemoryServer::start(&bind, args.size, config)
         .with_context(|| format!("starting the memory server on {bind}"))?;
     let stop = server.shutdown_handle();
-    on_signal(move || stop.shutdown())?;
-    println!("listening on {}", server.local_addr());
-    std::io::stdout().flush().context("writing to stdout")?;
-    server.wait();
-    Ok(())
+    serve_until_signal(
+        server.local_addr(),
+        move || stop.shutdown(),
+        move || server.wait(),
+    )
 }
 
 fn bind_addr(args: &Args) -> String {
@@ -126,8 +126,13 @@ fn bind_addr(args: &Args) -> String {
     }
 }
 
-/// Stops `stop` on the first SIGINT or SIGTERM.
-fn on_signal(stop: impl FnOnce() + Send + 'static) -> Result<()> {
+/// Announces `addr` on stdout and serves (`wait`) until the first SIGINT or SIGTERM
+/// calls `stop`.
+fn serve_until_signal(
+    addr: std::net::SocketAddr,
+    stop: impl FnOnce() + Send + 'static,
+    wait: impl FnOnce(),
+) -> Result<()> {
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
@@ -135,6 +140,9 @@ fn on_signal(stop: impl FnOnce() + Send + 'static) -> Result<()> {
             stop();
         }
     });
+    println!("listening on {addr}");
+    std::io::stdout().flush().context("writing to stdout")?;
+    wait();
     Ok(())
 }
 
@@ -171,11 +179,11 @@ fn serve_rdma(args: &Args) -> Result<()> {
     let server = RdmaServer::start(&bind, args.size, config)
         .with_context(|| format!("starting the RDMA memory server on {bind}"))?;
     let stop = server.shutdown_handle();
-    on_signal(move || stop.shutdown())?;
-    println!("listening on {}", server.local_addr());
-    std::io::stdout().flush().context("writing to stdout")?;
-    server.wait();
-    Ok(())
+    serve_until_signal(
+        server.local_addr(),
+        move || stop.shutdown(),
+        move || server.wait(),
+    )
 }
 
 #[cfg(not(feature = "rdma"))]

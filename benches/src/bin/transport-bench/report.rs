@@ -318,10 +318,10 @@ pub fn markdown(meta: &Meta, rows: &[Row], targets: &[Target]) -> String {
         "Copy speed on this machine depends on where data sits relative to 64-byte \
          boundaries: glibc's `memcpy` and the kernel's `copy_to_user` use `rep movsb` for \
          mid-sized copies, which on AMD Zen is many times slower when the destination is a \
-         few bytes past the source modulo 64 (see the `_dst16` rows). The tcp protocol's \
-         13-byte reply header shifts every payload off those boundaries, so the tcp rows of \
-         1 MiB and more can differ by up to 2× from one run to the next; compare several \
-         runs before reading much into one.\n"
+         few bytes past the source modulo 64 (see the `_dst16` rows). The tcp protocol pads reply \
+         heads and payloads to 64 bytes so payloads stay on those boundaries, and the memory \
+         region copies large ranges in one call; loopback numbers still vary from run to \
+         run, so compare several runs before reading much into one.\n"
     );
     let _ = writeln!(s, "## Targets (BENCHMARKS.md)\n");
     let _ = writeln!(
