@@ -365,6 +365,8 @@ struct Slot {
     frame: FrameId,
     key: PageKey,
     kind: SlotKind,
+    /// Another thread was loading the page when the round found it.
+    waited: bool,
     dirty: Option<Span>,
 }
 
@@ -922,6 +924,7 @@ impl BufferPool {
                 frame: kind.0,
                 key: p.key,
                 kind: kind.1,
+                waited: kind.1 == SlotKind::Wait,
                 dirty: None,
             });
             local.insert(p.key, s);
@@ -1229,7 +1232,7 @@ impl BufferPool {
     ) -> Result<()> {
         for (k, p) in plan.pieces[round.start..round.end].iter().enumerate() {
             let slot = &mut round.slots[round.piece_slot[k] as usize];
-            if (slot.kind == SlotKind::Wait) != waited || slot.kind == SlotKind::Dead {
+            if slot.waited != waited || slot.kind == SlotKind::Dead {
                 continue;
             }
             let off = self.frame_off(slot.frame) + p.in_page as usize;
