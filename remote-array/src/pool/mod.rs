@@ -116,7 +116,7 @@ pub const DEFAULT_PAGE_SIZE: usize = 64 * 1024;
 /// Default number of pages read ahead of a sequential stream.
 pub const DEFAULT_READ_AHEAD: usize = 8;
 /// Default largest amount of data one round of a request fetches at once.
-pub const DEFAULT_BATCH_BYTES: usize = 8 << 20;
+pub const DEFAULT_BATCH_BYTES: usize = 4 << 20;
 
 /// Settings of a [`BufferPool`]; made by [`BufferPool::builder`].
 #[derive(Debug, Clone)]
@@ -151,7 +151,7 @@ impl BufferPoolBuilder {
     }
 
     /// Largest amount of data one round of a request pins and fetches at once
-    /// (default 8 MiB, always at most half the pool).
+    /// (default 4 MiB, always at most half the pool).
     pub fn batch_bytes(mut self, bytes: usize) -> Self {
         self.batch_bytes = bytes;
         self
@@ -563,37 +563,67 @@ impl BufferPool {
         if plan.pieces.is_empty() {
             return Ok(());
         }
-        let mut round = self.acquire_read(&plan, 0)?;
+        let round = self.acquire_read(&plan, 0)?;
         if round.end == plan.pieces.len() {
             return self.copy_out(&plan, &round, reads);
         }
-        std::thread::scope(|s| loop {
-            let next_start = round.end;
-            let next = (next_start < plan.pieces.len()).then(|| {
-                let plan = &plan;
-                match std::thread::Builder::new()
-                    .name("scad-pool-fetch".into())
-                    .spawn_scoped(s, move || self.acquire_read(plan, next_start))
-                {
-                    Ok(h) => Pending::Thread(h),
-                    Err(_) => Pending::Deferred(next_start),
+        // A helper thread acquires (fetches) the following rounds and hands them over
+        // a channel while this thread copies: fetch and copy overlap, and the helper
+        // may run up to two rounds ahead. It only ever waits for frames that this
+        // thread releases without waiting on it, and stops when the channel closes.
+        let plan = &plan;
+        let first_end = round.end;
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Round<'_>>>(1);
+            let spawned = std::thread::Builder::new()
+                .name("scad-pool-fetch".into())
+                .spawn_scoped(s, move || {
+                    let mut start = first_end;
+                    while start < plan.pieces.len() {
+                        let next = self.acquire_read(plan, start);
+                        let end = next.as_ref().map(|r| r.end).map_err(|_| ());
+                        if tx.send(next).is_err() {
+                            return; // the copier stopped (error): the round was dropped
+                        }
+                        match end {
+                            Ok(end) => start = end,
+                            Err(_) => return,
+                        }
+                    }
+                });
+            if spawned.is_err() {
+                // No thread to be had: fetch and copy in turn on this one.
+                let mut round = round;
+                loop {
+                    self.copy_out(plan, &round, reads)?;
+                    let next = round.end;
+                    drop(round);
+                    if next == plan.pieces.len() {
+                        return Ok(());
+                    }
+                    round = self.acquire_read(plan, next)?;
                 }
-            });
-            let copied = self.copy_out(&plan, &round, reads);
-            drop(round);
-            let next = match next {
-                None => return copied,
-                Some(Pending::Thread(h)) => {
-                    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }
+            let mut round = round;
+            loop {
+                let copied = self.copy_out(plan, &round, reads);
+                let done = round.end == plan.pieces.len();
+                drop(round);
+                copied?;
+                if done {
+                    return Ok(());
                 }
-                Some(Pending::Deferred(start)) => {
-                    copied?;
-                    round = self.acquire_read(&plan, start)?;
-                    continue;
-                }
-            };
-            copied?;
-            round = next?;
+                round = match rx.recv() {
+                    Ok(next) => next?,
+                    // The helper is gone without a word: it panicked; the scope
+                    // re-raises that panic when it joins.
+                    Err(_) => {
+                        return Err(Error::InvalidArgument(
+                            "the fetch helper thread died".into(),
+                        ))
+                    }
+                };
+            }
         })
     }
 
@@ -1216,7 +1246,7 @@ impl BufferPool {
                     source: Box::new(source),
                 })?;
             let dst = &mut reads[p.seg as usize].dst;
-            dst[p.seg_off..p.seg_off + p.len as usize].copy_from_slice(&g);
+            copy_bytes(&mut dst[p.seg_off..p.seg_off + p.len as usize], &g);
         }
         Ok(())
     }
@@ -1243,7 +1273,7 @@ impl BufferPool {
                     source: Box::new(source),
                 })?;
             let src = writes[p.seg as usize].src;
-            g.copy_from_slice(&src[p.seg_off..p.seg_off + p.len as usize]);
+            copy_bytes(&mut g, &src[p.seg_off..p.seg_off + p.len as usize]);
             let lo = p.in_page as usize;
             Span::merge(&mut slot.dirty, Span::new(lo, lo + p.len as usize));
         }
@@ -1306,7 +1336,7 @@ impl BufferPool {
                 d.span.len(),
             )
         }));
-        self.run_groups(entries, groups, "write-back", |entry, items| {
+        let (failed, err) = self.run_groups(entries, groups, "write-back", |entry, items| {
             let guards = items
                 .iter()
                 .map(|i| self.buf.range(i.1, i.2))
@@ -1324,10 +1354,12 @@ impl BufferPool {
                 .collect();
             entry.transport.write_vectored(&ops)?;
             let bytes: usize = items.iter().map(|i| i.2).sum();
-            stats::Counters::add(&self.counters.write_backs, items.len() as u64);
             stats::Counters::add(&self.counters.bytes_out, bytes as u64);
             Ok(())
-        })
+        });
+        let pages = dirty.iter().filter(|d| !failed.contains(&d.key.t)).count();
+        stats::Counters::add(&self.counters.write_backs, pages as u64);
+        (failed, err)
     }
 
     /// Runs `op` for each transport's group, in parallel when there are several.
@@ -1392,10 +1424,23 @@ impl Drop for BufferPool {
     }
 }
 
-/// A read ahead of the current round, on its own thread if one could be spawned.
-enum Pending<'s, T> {
-    Thread(std::thread::ScopedJoinHandle<'s, T>),
-    Deferred(usize),
+/// Copies `src` into `dst` (of the same length).
+///
+/// `memcpy` implementations that use `rep movsb` for mid-sized copies run several
+/// times slower on some CPUs (AMD Zen among them) when the destination lies just after
+/// the source modulo 4 KiB ("4K aliasing"). Frames are page aligned and large heap
+/// buffers start 16 bytes into a page, so a pool hits exactly that case when copying
+/// into a fresh `Vec`; there, copy in 512-byte pieces, which take the vector loop.
+fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    const PIECE: usize = 512;
+    let rel = (dst.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize) % 4096;
+    if (1..64).contains(&rel) && src.len() > PIECE {
+        for (d, s) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
+            d.copy_from_slice(s);
+        }
+    } else {
+        dst.copy_from_slice(src);
+    }
 }
 
 /// (remote address, frame offset, length) of one page transfer.
@@ -1432,8 +1477,23 @@ fn group_by_transport(
     }
     for g in &mut groups {
         g.1.sort_unstable_by_key(|i| i.0);
+        g.1 = coalesce(&g.1);
     }
     groups
+}
+
+/// Merges transfers that are adjacent both remotely and in the frames (consecutive
+/// pages in consecutive frames, as a sequential scan usually gets them) into one, so
+/// the transport moves fewer, larger pieces.
+fn coalesce(items: &[Item]) -> Vec<Item> {
+    let mut out: Vec<Item> = Vec::with_capacity(items.len());
+    for &(addr, off, len) in items {
+        match out.last_mut() {
+            Some(last) if last.0 + last.2 as u64 == addr && last.1 + last.2 == off => last.2 += len,
+            _ => out.push((addr, off, len)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
