@@ -22,8 +22,11 @@
 //! 4. waits for pages other threads were loading, copies between frames and the
 //!    caller's buffers (under the buffer's range guards), and unpins.
 //!
-//! Reads are pipelined: while the caller's thread copies one round out, a scoped
-//! helper thread already fetches the next, so fetch and copy overlap.
+//! Reads of more than one round are pipelined: a scoped helper thread acquires the
+//! following rounds (up to two ahead) and hands them over a channel while the
+//! caller's thread copies, so fetch and copy overlap. Transfers of pages that are
+//! adjacent both remotely and in the frames are merged into one piece, so a
+//! sequential scan moves large pieces.
 //!
 //! # Concurrency
 //! One mutex guards the page table and frame states and is never held during I/O or

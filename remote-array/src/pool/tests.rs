@@ -1,7 +1,7 @@
 //! Unit tests of the pool against in-process transports, including one that fails on
 //! demand.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use scad_core::transport::LocalTransport;
 use scad_core::TransportStats;
@@ -14,6 +14,8 @@ struct Flaky {
     inner: LocalTransport,
     fail_reads: AtomicBool,
     fail_writes: AtomicBool,
+    /// Vectored reads that succeed before every further one fails.
+    reads_left: AtomicUsize,
 }
 
 impl Flaky {
@@ -22,6 +24,7 @@ impl Flaky {
             inner: LocalTransport::new(size).unwrap(),
             fail_reads: AtomicBool::new(false),
             fail_writes: AtomicBool::new(false),
+            reads_left: AtomicUsize::new(usize::MAX),
         })
     }
 }
@@ -53,6 +56,10 @@ impl Transport for Flaky {
     }
     fn read_vectored(&self, ops: &mut [ReadOp<'_>]) -> scad_core::Result<()> {
         if self.fail_reads.load(Ordering::SeqCst) {
+            return Err(broken());
+        }
+        if self.reads_left.fetch_sub(1, Ordering::SeqCst) == 0 {
+            self.reads_left.store(0, Ordering::SeqCst);
             return Err(broken());
         }
         self.inner.read_vectored(ops)
@@ -263,6 +270,28 @@ fn failed_fetch_releases_pins_and_keeps_pool_usable() {
     flaky.fail_reads.store(false, Ordering::SeqCst);
     p.read(t, 0, &mut vec![0u8; 5000]).unwrap();
     assert_eq!(p.usage().pinned, 0);
+}
+
+#[test]
+fn failure_in_a_later_round_of_a_streaming_read() {
+    // 4 frames, 2-page rounds: a 20-page read runs on the fetch helper thread.
+    let p = pool(4 * 256, 256, EvictionPolicy::Clock);
+    let flaky = Flaky::new(1 << 16);
+    let t = p.add_transport("flaky", flaky.clone()).unwrap();
+    for ok_rounds in [0, 1, 2, 5] {
+        flaky.reads_left.store(ok_rounds, Ordering::SeqCst);
+        let err = p.read(t, 0, &mut vec![0u8; 20 * 256]).unwrap_err();
+        assert!(err.is_transport(), "{err}");
+        let u = p.usage();
+        assert_eq!(u.pinned, 0, "after {ok_rounds} good rounds: {u}");
+    }
+    flaky.reads_left.store(usize::MAX, Ordering::SeqCst);
+    let data = pattern(20 * 256, 4);
+    flaky.inner.write(0, &data).unwrap();
+    p.invalidate(t).unwrap();
+    let mut back = vec![0u8; data.len()];
+    p.read(t, 0, &mut back).unwrap();
+    assert_eq!(back, data);
 }
 
 #[test]
