@@ -490,6 +490,7 @@ fn write_results(report: &Report, quick: bool) -> BoxResult<()> {
          servers over loopback tcp, 2 cores shared by servers and client. Times are medians \
          (min..max) of the repetitions; every ratio is against a baseline measured in the same run."
     )?;
+    writeln!(md)?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     writeln!(
         md,

@@ -96,3 +96,17 @@ pub use pool::{
     PoolWrite, TransportId,
 };
 pub use store::{Placement, RemoteStore};
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn shared_types_are_send_and_sync() {
+        send_sync::<crate::BufferPool>();
+        send_sync::<crate::RemoteStore>();
+        send_sync::<crate::RemoteArray<f32, ndarray::Ix2>>();
+        send_sync::<crate::RemoteArray<u8, ndarray::IxDyn>>();
+        send_sync::<crate::Error>();
+    }
+}

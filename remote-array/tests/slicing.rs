@@ -106,6 +106,22 @@ fn out_of_range_slices_and_materializations_are_errors() {
         Err(Error::Shape(_))
     ));
     assert!(remote.chunks(0).is_err());
+    // Zero-dimensional data has no row axis.
+    let dynamic =
+        RemoteArray::<u32, ndarray::IxDyn>::from_meta(&env.store, &remote.meta()).unwrap();
+    let scalar = ndarray::arr0(1u32).into_dyn();
+    assert!(matches!(
+        dynamic.write_range(0, &scalar),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        RemoteArray::<u32, _>::empty(&env.store, ndarray::IxDyn(&[]), &Placement::all()),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        RemoteArray::<(), _>::empty(&env.store, (3, 3), &Placement::all()),
+        Err(Error::InvalidArgument(_))
+    ));
     assert_eq!(env.store.pool().usage().pinned, 0);
 }
 

@@ -487,7 +487,7 @@ impl<T: Pod + Send + Sync, D: Dimension> RemoteArray<T, D> {
     where
         S: Data<Elem = T>,
     {
-        if data.shape()[1..] != self.shape()[1..] {
+        if data.ndim() == 0 || data.shape()[1..] != self.shape()[1..] {
             return Err(Error::Shape(format!(
                 "cannot write rows of shape {:?} into an array of shape {:?}",
                 data.shape(),
@@ -635,10 +635,10 @@ impl<T: Pod + Send + Sync, D: Dimension> RemoteArray<T, D> {
         let wrote = out.write_range(0, &head).and_then(|()| {
             ranges[1..].par_iter().try_for_each(|r| {
                 let mapped = f(self.materialize_range(r.clone())?);
-                if mapped.shape()[0] != r.len() {
+                if mapped.shape().first() != Some(&r.len()) {
                     return Err(Error::Shape(format!(
-                        "the mapped chunk of rows {r:?} has {} rows",
-                        mapped.shape()[0]
+                        "the mapped chunk of rows {r:?} has shape {:?}; it must keep the row count",
+                        mapped.shape()
                     )));
                 }
                 out.write_range(r.start, &mapped)
