@@ -78,7 +78,9 @@ impl RemoteStore {
     }
 
     /// Registers memory element `name`, allocating only from `range` of it (to share
-    /// one element between stores, or to leave room for other data).
+    /// one element between stores, or to leave room for other data). If the pool
+    /// already has a transport registered under `name` (a pool shared by several
+    /// stores), that transport is used and `transport` is dropped.
     ///
     /// # Errors
     /// [`Error::DuplicateElement`]; [`Error::RemoteRange`] if `range` does not fit the

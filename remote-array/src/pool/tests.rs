@@ -179,6 +179,21 @@ fn request_larger_than_pool_streams() {
 }
 
 #[test]
+fn a_single_frame_is_enough() {
+    for policy in [EvictionPolicy::Clock, EvictionPolicy::Lru] {
+        let p = pool(256, 256, policy);
+        let local = Arc::new(LocalTransport::new(1 << 16).unwrap());
+        let t = p.add_transport("m", local).unwrap();
+        let data = pattern(5000, 2);
+        p.write(t, 33, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        p.read(t, 33, &mut back).unwrap();
+        assert_eq!(back, data, "{policy}");
+        assert_eq!(p.usage().pinned, 0);
+    }
+}
+
+#[test]
 fn several_transports_in_one_request() {
     let p = pool(64 * 1024, 1024, EvictionPolicy::Clock);
     let a = Arc::new(LocalTransport::new(1 << 16).unwrap());
