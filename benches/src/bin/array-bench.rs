@@ -8,15 +8,14 @@
 //!    LRU, uniform and Zipf-skewed): hit rate and throughput, beside uncached reads;
 //! 4. materialize striped over 1, 2 and 4 memory servers.
 //!
-//! Writes `benches/results/array.jsonl` and `benches/results/array.md` (relative to the
-//! workspace root) and prints MET/MISSED for every target.
+//! Writes `benches/results/array.jsonl`, `array.md` and the chart `array.png`, and prints
+//! MET/MISSED for every target. `--replot` redraws the chart from `array.jsonl` alone.
 //!
 //! ```text
-//! cargo run --release -p scad-remote-array --example array_bench [-- --quick]
+//! cargo run --release -p scad-benches --bin array-bench [-- --quick | --replot]
 //! ```
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -440,18 +439,8 @@ fn bench_striping(report: &mut Report, size: usize, reps: usize) -> BoxResult<()
     Ok(())
 }
 
-fn results_dir() -> PathBuf {
-    // remote-array/ -> workspace root
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    here.parent()
-        .unwrap_or(&here)
-        .join("benches")
-        .join("results")
-}
-
 fn write_results(report: &Report, quick: bool) -> BoxResult<()> {
-    let dir = results_dir();
-    std::fs::create_dir_all(&dir)?;
+    let dir = scad_benches::results_dir()?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
@@ -486,7 +475,7 @@ fn write_results(report: &Report, quick: bool) -> BoxResult<()> {
     writeln!(md)?;
     writeln!(
         md,
-        "`cargo run --release -p scad-remote-array --example array_bench` — in-process memory \
+        "`cargo run --release -p scad-benches --bin array-bench` — in-process memory \
          servers over loopback tcp, 2 cores shared by servers and client. Times are medians \
          (min..max) of the repetitions; every ratio is against a baseline measured in the same run."
     )?;
@@ -532,11 +521,39 @@ fn write_results(report: &Report, quick: bool) -> BoxResult<()> {
         )?;
     }
     std::fs::write(dir.join("array.md"), md)?;
-    println!("wrote {}", dir.join("array.{jsonl,md}").display());
+    draw_chart()?;
+    println!("wrote {}", dir.join("array.{jsonl,md,png}").display());
+    Ok(())
+}
+
+/// Draws `array.png` from `array.jsonl`: throughput of every measured variant, baselines
+/// in grey beside the runs they are compared with.
+fn draw_chart() -> BoxResult<()> {
+    let dir = scad_benches::results_dir()?;
+    let text = std::fs::read_to_string(dir.join("array.jsonl"))?;
+    let mut bars = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let field = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+        bars.push(scad_benches::Bar {
+            group: field("bench"),
+            label: field("variant"),
+            value: v["gb_per_s"].as_f64().unwrap_or(f64::NAN),
+        });
+    }
+    scad_benches::horizontal_bars(
+        &dir.join("array.png"),
+        "scad-remote-array: RemoteArray and buffer pool over loopback tcp (median)",
+        "GB/s",
+        &bars,
+    )?;
     Ok(())
 }
 
 fn main() -> BoxResult<()> {
+    if std::env::args().any(|a| a == "--replot") {
+        return draw_chart();
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let (size, reps, reads) = if quick {
         (32 * MIB, 3, 2000)
