@@ -122,6 +122,48 @@ struct Env {
     redis: Option<RedisServer>,
     /// Why the Redis rows are missing, if they are.
     redis_note: Option<String>,
+    /// One-sided RDMA to an in-process RDMA server, when built with `rdma` and a device
+    /// exists.
+    rdma: Option<RdmaRows>,
+    /// Why the RDMA rows are missing, if they are.
+    rdma_note: Option<String>,
+}
+
+/// The RDMA client and the server it reads from (kept alive together).
+struct RdmaRows {
+    transport: Arc<dyn Transport>,
+    _server: Box<dyn std::any::Any>,
+}
+
+/// Starts an RDMA memory server on the first device and connects to it, or says why not.
+#[cfg(feature = "rdma")]
+fn rdma_rows(pattern: &[u8]) -> Result<std::result::Result<RdmaRows, String>> {
+    use scad_core::rdma::{list_devices, RdmaOptions, RdmaServer, RdmaServerConfig, RdmaTransport};
+    let devices = list_devices().context("cannot list RDMA devices")?;
+    if devices.is_empty() {
+        return Ok(Err(
+            "no RDMA device on this machine: rdma rows skipped".to_owned()
+        ));
+    }
+    let server = RdmaServer::start("127.0.0.1:0", REGION, RdmaServerConfig::default())
+        .context("cannot start the in-process RDMA memory server")?;
+    server.region().write(0, pattern)?;
+    let transport =
+        RdmaTransport::connect(&server.local_addr().to_string(), RdmaOptions::default())
+            .context("cannot connect to the in-process RDMA memory server")?;
+    Ok(Ok(RdmaRows {
+        transport: Arc::new(transport),
+        _server: Box::new(server),
+    }))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_rows(_pattern: &[u8]) -> Result<std::result::Result<RdmaRows, String>> {
+    Ok(Err(
+        "built without the `rdma` feature: rdma rows skipped \
+            (add --features rdma on a machine with an RDMA device)"
+            .to_owned(),
+    ))
 }
 
 impl Env {
@@ -162,6 +204,10 @@ impl Env {
                 )),
             ),
         };
+        let (rdma, rdma_note) = match rdma_rows(&pattern)? {
+            Ok(rows) => (Some(rows), None),
+            Err(note) => (None, Some(note)),
+        };
         Ok(Env {
             pattern,
             local,
@@ -170,6 +216,8 @@ impl Env {
             _server: server,
             redis,
             redis_note,
+            rdma,
+            rdma_note,
         })
     }
 
@@ -194,6 +242,18 @@ impl Env {
             cases.push(redis_get_case(redis, size, p)?);
             cases.push(redis_set_case(redis, size, p)?);
         }
+        if let Some(rdma) = &self.rdma {
+            let t = &rdma.transport;
+            cases.push(read_case("rdma", Arc::clone(t), size, p, 0));
+            cases.push(write_case("rdma", Arc::clone(t), size, p));
+            if size == 4 * KIB {
+                // The size the original's paper reports its READ latency for.
+                cases.push(read_case("rdma", Arc::clone(t), RDMA_PAPER_SIZE, p, 0));
+            }
+            if size == PAGES * PAGE {
+                cases.push(vectored_case("rdma", Arc::clone(t), p));
+            }
+        }
         if size == PAGES * PAGE {
             for (name, t) in &transports {
                 cases.push(vectored_case(name, Arc::clone(t), p));
@@ -202,6 +262,11 @@ impl Env {
         Ok(cases)
     }
 }
+
+/// Size of the one-sided READ whose latency the original's paper reports.
+const RDMA_PAPER_SIZE: usize = 2 * KIB;
+/// That latency, in µs (BENCHMARKS.md); the target is within 1.5× of it.
+const RDMA_PAPER_US: f64 = 3.2;
 
 /// Where a `Vec<u8>` from `malloc` starts within its page (for large sizes).
 const VEC_OFFSET: usize = 16;
@@ -377,7 +442,7 @@ fn main() -> Result<()> {
         mode.name
     );
     let env = Env::setup()?;
-    if let Some(note) = &env.redis_note {
+    for note in [&env.redis_note, &env.rdma_note].into_iter().flatten() {
         eprintln!("note: {note}");
     }
 
@@ -438,7 +503,7 @@ fn main() -> Result<()> {
     }
     bar.finish_and_clear();
     report::attach_baselines(&mut rows, baseline_of);
-    let targets = targets(&rows, env.redis_note.as_deref());
+    let targets = targets(&rows, env.redis_note.as_deref(), env.rdma_note.as_deref());
 
     let stem = if args.quick {
         "transport-quick"
@@ -483,7 +548,7 @@ fn main() -> Result<()> {
 }
 
 /// The targets of BENCHMARKS.md, evaluated on this run's rows.
-fn targets(rows: &[Row], redis_note: Option<&str>) -> Vec<Target> {
+fn targets(rows: &[Row], redis_note: Option<&str>, rdma_note: Option<&str>) -> Vec<Target> {
     let find = |t: &str, op: &str, size: usize| {
         rows.iter()
             .find(|r| r.transport == t && r.op == op && r.size == size)
@@ -555,5 +620,23 @@ fn targets(rows: &[Row], redis_note: Option<&str>) -> Vec<Target> {
             ));
         }
     }
+    let rdma_what = "rdma READ 2 KiB, median latency";
+    let rdma_base = "the original's one-sided READ 2 KiB (paper)";
+    out.push(match find("rdma", "read", RDMA_PAPER_SIZE) {
+        Some(r) => Target::at_most(
+            rdma_what,
+            format!("{:.1} µs", r.median_us),
+            rdma_base,
+            format!("{RDMA_PAPER_US:.1} µs"),
+            r.median_us / RDMA_PAPER_US,
+            1.5,
+        ),
+        None => Target::skipped(
+            rdma_what,
+            rdma_base,
+            rdma_note.unwrap_or("row missing"),
+            "≤ 1.5×",
+        ),
+    });
     out
 }

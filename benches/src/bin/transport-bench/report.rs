@@ -369,13 +369,14 @@ pub fn markdown(meta: &Meta, rows: &[Row], targets: &[Target]) -> String {
 
 /// Series drawn in each panel: (transport, op in the read panel, op in the write panel,
 /// colour, dashed). Dashed read series are reads into a buffer at page offset 16.
-const SERIES: [(&str, &str, &str, RGBColor, bool); 9] = [
+const SERIES: [(&str, &str, &str, RGBColor, bool); 10] = [
     ("memcpy", "copy", "copy", RGBColor(120, 120, 120), false),
     ("local", "read", "write", RGBColor(31, 119, 180), false),
     ("shm", "read", "write", RGBColor(44, 160, 44), false),
     ("tcp", "read", "write", RGBColor(214, 39, 40), false),
     ("tcp-stream", "read", "write", RGBColor(255, 127, 14), false),
     ("redis", "get", "set", RGBColor(148, 103, 189), false),
+    ("rdma", "read", "write", RGBColor(23, 190, 207), false),
     ("memcpy", "copy_dst16", "", RGBColor(120, 120, 120), true),
     ("local", "read_dst16", "", RGBColor(31, 119, 180), true),
     ("tcp", "read_dst16", "", RGBColor(214, 39, 40), true),
