@@ -38,16 +38,20 @@ pub enum TransportKind {
     Uverbs,
     /// `rdma_uverbs_server`: the serving side of an RDMA memory element.
     UverbsServer,
+    /// `redis`: a memory element kept in a Redis server (a baseline, and a backend
+    /// where no memory server may run).
+    Redis,
 }
 
 impl TransportKind {
-    const ALL: [TransportKind; 6] = [
+    const ALL: [TransportKind; 7] = [
         TransportKind::Local,
         TransportKind::Shm,
         TransportKind::Tcp,
         TransportKind::TcpServer,
         TransportKind::Uverbs,
         TransportKind::UverbsServer,
+        TransportKind::Redis,
     ];
 
     /// The name used in durls.
@@ -59,6 +63,7 @@ impl TransportKind {
             TransportKind::TcpServer => "rdma_tcp_server",
             TransportKind::Uverbs => "rdma_uverbs",
             TransportKind::UverbsServer => "rdma_uverbs_server",
+            TransportKind::Redis => "redis",
         }
     }
 
@@ -75,6 +80,7 @@ impl TransportKind {
             TransportKind::TcpServer => &["url", "size", "token"],
             TransportKind::Uverbs => &["url", "token", "timeout_ms", "device", "port", "gid_index"],
             TransportKind::UverbsServer => &["url", "size", "token", "device", "port", "gid_index"],
+            TransportKind::Redis => &["url", "size", "prefix", "token", "timeout_ms"],
         }
     }
 
@@ -83,7 +89,9 @@ impl TransportKind {
             TransportKind::Local => &["size"],
             TransportKind::Shm => &["size", "shm_id"],
             TransportKind::Tcp | TransportKind::Uverbs => &["url"],
-            TransportKind::TcpServer | TransportKind::UverbsServer => &["url", "size"],
+            TransportKind::TcpServer | TransportKind::UverbsServer | TransportKind::Redis => {
+                &["url", "size"]
+            }
         }
     }
 }
@@ -183,6 +191,8 @@ pub struct Params {
     pub port: Option<u8>,
     /// `gid_index`: GID table index (default 0).
     pub gid_index: Option<u8>,
+    /// `prefix`: the Redis key prefix of a `redis` memory element (default: its name).
+    pub prefix: Option<String>,
 }
 
 impl Params {
@@ -196,6 +206,7 @@ impl Params {
             "device" => self.device.is_some(),
             "port" => self.port.is_some(),
             "gid_index" => self.gid_index.is_some(),
+            "prefix" => self.prefix.is_some(),
             _ => false,
         }
     }
@@ -253,12 +264,21 @@ impl Params {
                 self.port = Some(port);
             }
             "gid_index" => self.gid_index = Some(number(key, value)?),
+            "prefix" => {
+                if value.is_empty() || value.bytes().any(|b| b.is_ascii_whitespace()) {
+                    return Err(format!(
+                        "prefix must be non-empty and contain no whitespace, got {value:?}"
+                    ));
+                }
+                self.prefix = Some(value.to_owned());
+            }
             _ => return Err(format!("unknown key {key:?}")),
         }
         Ok(())
     }
 
-    /// Keys in canonical order: url, size, shm_id, token, timeout_ms, device, port, gid_index.
+    /// Keys in canonical order: url, size, shm_id, prefix, token, timeout_ms, device, port,
+    /// gid_index.
     fn entries(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if let Some(v) = &self.url {
@@ -269,6 +289,9 @@ impl Params {
         }
         if let Some(v) = &self.shm_id {
             out.push(("shm_id", v.clone()));
+        }
+        if let Some(v) = &self.prefix {
+            out.push(("prefix", v.clone()));
         }
         if let Some(v) = &self.token {
             out.push(("token", v.clone()));
@@ -454,6 +477,19 @@ pub enum TransportConfig {
         /// GID index (default 0).
         gid_index: u8,
     },
+    /// A memory element kept in Redis: `size` bytes in blocks stored under `prefix`.
+    Redis {
+        /// Redis server address.
+        addr: HostPort,
+        /// Bytes of the address space.
+        size: u64,
+        /// Key prefix of the blocks (`PREFIX:BLOCK`).
+        prefix: String,
+        /// Redis password (`AUTH`), if the server wants one.
+        token: Option<String>,
+        /// Per-operation timeout.
+        timeout: Option<Duration>,
+    },
 }
 
 impl Durl {
@@ -507,6 +543,7 @@ impl Durl {
         me.device = p.device.or(me.device.take());
         me.port = p.port.or(me.port);
         me.gid_index = p.gid_index.or(me.gid_index);
+        me.prefix = p.prefix.or(me.prefix.take());
         Ok(())
     }
 
@@ -573,6 +610,23 @@ impl Durl {
                 port: p.port.unwrap_or(1),
                 gid_index: p.gid_index.unwrap_or(0),
             },
+            TransportKind::Redis => {
+                let addr = need_url()?;
+                if addr.host == "*" || addr.port == 0 {
+                    return Err(Error::durl(
+                        &text,
+                        &addr.to_string(),
+                        "a redis url needs a concrete host and a non-zero port",
+                    ));
+                }
+                TransportConfig::Redis {
+                    addr,
+                    size,
+                    prefix: p.prefix.clone().unwrap_or_else(|| self.name.clone()),
+                    token: p.token.clone(),
+                    timeout: p.timeout,
+                }
+            }
         })
     }
 }
@@ -602,6 +656,10 @@ mod tests {
             (
                 "a;rdma_uverbs_server;url,tcp://*:1;size,8;",
                 TransportKind::UverbsServer,
+            ),
+            (
+                "a;redis;url,tcp://127.0.0.1:6379;size,8;prefix,app:1;",
+                TransportKind::Redis,
             ),
         ];
         for (s, kind) in cases {
@@ -670,6 +728,30 @@ mod tests {
         assert_eq!(err("a b;rdma_local;size,1;").0, "a b");
         assert_eq!(err("a;rdma_shm;size,1;shm_id,a/b;").0, "shm_id,a/b");
         assert_eq!(err("a;rdma_uverbs;url,tcp://h:1;port,0;").0, "port,0");
+        assert_eq!(err("a;redis;url,tcp://h:1;size,8;prefix,;").0, "prefix,");
+        assert_eq!(
+            err("a;redis;url,tcp://h:1;size,8;prefix,a b;").0,
+            "prefix,a b"
+        );
+        assert_eq!(err("a;rdma_tcp;url,tcp://h:1;prefix,p;").0, "prefix,p");
+    }
+
+    #[test]
+    fn redis_durl_defaults_its_prefix_to_the_name_and_needs_a_size() {
+        let d: Durl = "mem3;redis;url,tcp://127.0.0.1:6379;".parse().unwrap();
+        assert_eq!(d.missing_keys(), vec!["size"]);
+        let d: Durl = "mem3;redis;url,tcp://127.0.0.1:6379;size,64;"
+            .parse()
+            .unwrap();
+        match d.resolve().unwrap() {
+            TransportConfig::Redis { prefix, size, .. } => {
+                assert_eq!(prefix, "mem3");
+                assert_eq!(size, 64);
+            }
+            other => panic!("{other:?}"),
+        }
+        let d: Durl = "m;redis;url,tcp://*:6379;size,64;".parse().unwrap();
+        assert!(matches!(d.resolve(), Err(Error::Durl { .. })));
     }
 
     #[test]

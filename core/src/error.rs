@@ -140,6 +140,17 @@ pub enum Error {
         message: String,
     },
 
+    /// A Redis server (the `redis` transport) refused or failed a command.
+    #[error("redis {peer} failed during {op}: {reason}")]
+    Redis {
+        /// Server address.
+        peer: String,
+        /// What was being done (`"read"`, `"write"`, `"connect"`).
+        op: &'static str,
+        /// What Redis or the connection reported.
+        reason: String,
+    },
+
     /// Shared memory could not be created, opened or mapped.
     #[error("shared memory segment {name:?}: {reason}")]
     Shm {

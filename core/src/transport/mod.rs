@@ -13,10 +13,14 @@ use crate::error::{Error, Result};
 use crate::memory::RegisteredBuffer;
 
 pub mod local;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod shm;
 pub mod tcp;
 
 pub use local::LocalTransport;
+#[cfg(feature = "redis")]
+pub use redis::RedisTransport;
 pub use shm::ShmTransport;
 pub use tcp::{TcpOptions, TcpTransport};
 
@@ -196,7 +200,8 @@ pub(crate) fn check_remote(op: &'static str, addr: u64, len: u64, size: u64) -> 
 /// start a [`crate::server::MemoryServer`] for them.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for server kinds and for RDMA without the `rdma` feature;
+/// [`Error::Unsupported`] for server kinds, for RDMA without the `rdma` feature and for
+/// Redis without the `redis` feature;
 /// errors of the transport's constructor.
 pub fn open(name: &str, config: &TransportConfig) -> Result<Arc<dyn Transport>> {
     match config {
@@ -221,6 +226,24 @@ pub fn open(name: &str, config: &TransportConfig) -> Result<Arc<dyn Transport>> 
         #[cfg(not(feature = "rdma"))]
         TransportConfig::Uverbs { .. } => Err(Error::Unsupported(format!(
             "transport {name:?} uses rdma_uverbs, which needs the `rdma` feature"
+        ))),
+        #[cfg(feature = "redis")]
+        TransportConfig::Redis {
+            addr,
+            size,
+            prefix,
+            token,
+            timeout,
+        } => Ok(Arc::new(RedisTransport::connect(
+            addr,
+            *size,
+            prefix,
+            token.as_deref(),
+            *timeout,
+        )?)),
+        #[cfg(not(feature = "redis"))]
+        TransportConfig::Redis { .. } => Err(Error::Unsupported(format!(
+            "transport {name:?} uses redis, which needs the `redis` feature"
         ))),
         TransportConfig::TcpServer { .. } | TransportConfig::UverbsServer { .. } => {
             Err(Error::Unsupported(format!(
