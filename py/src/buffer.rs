@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::PyMemoryView;
 use scad_core::RegisteredBuffer;
 
 /// A writable, zero-copy view of a transport's registered buffer.
@@ -19,6 +20,21 @@ pub struct RegisteredBytes {
 impl RegisteredBytes {
     fn __len__(&self) -> usize {
         self.buf.len()
+    }
+
+    /// `trans.buf()` as in the original README: a memoryview of the whole buffer.
+    fn __call__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyMemoryView>> {
+        PyMemoryView::from(slf.as_any())
+    }
+
+    /// `trans.buf[i]` / `trans.buf[a:b]`, through a memoryview (no copy for slices).
+    fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        PyMemoryView::from(slf.as_any())?.get_item(key)
+    }
+
+    /// `trans.buf[a:b] = bytes`.
+    fn __setitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>) -> PyResult<()> {
+        PyMemoryView::from(slf.as_any())?.set_item(key, value)
     }
 
     /// # Safety

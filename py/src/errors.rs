@@ -46,6 +46,15 @@ pub fn array_err(e: scad_remote_array::Error) -> PyErr {
     use scad_remote_array::Error as E;
     let msg = e.to_string();
     match e {
+        // Keep the class of the transport's own error (connection refused, remote
+        // range...), with the pool's context in the message.
+        E::Transport { source, .. } => {
+            let class = core_err(*source);
+            Python::with_gil(|py| {
+                let ty = class.get_type(py);
+                PyErr::from_type(ty, msg)
+            })
+        }
         E::OutOfRange { .. } | E::RemoteRange { .. } => PyIndexError::new_err(msg),
         E::OutOfRemoteMemory { .. } | E::PoolAlloc { .. } => PyMemoryError::new_err(msg),
         E::UnknownElement { .. } => PyKeyError::new_err(msg),
