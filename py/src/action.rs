@@ -86,7 +86,9 @@ impl PyAction {
                 d.set_item("size", size)?;
                 d.set_item("token", token)?;
             }
-            TransportConfig::UverbsServer { bind, size, token, .. } => {
+            TransportConfig::UverbsServer {
+                bind, size, token, ..
+            } => {
                 d.set_item("impl", "rdma_uverbs_server")?;
                 d.set_item("bind", bind.socket_addr_string())?;
                 d.set_item("size", size)?;
@@ -134,7 +136,10 @@ impl PyEndpoint {
 
     /// Shares the buffer registered on `other`.
     fn reg_shared(&self, other: &PyEndpoint) -> PyResult<()> {
-        self.inner.reg_shared(&other.inner).map(drop).map_err(core_err)
+        self.inner
+            .reg_shared(&other.inner)
+            .map(drop)
+            .map_err(core_err)
     }
 
     /// True once a buffer is registered.

@@ -28,12 +28,19 @@ impl RegisteredBytes {
     }
 
     /// `trans.buf[i]` / `trans.buf[a:b]`, through a memoryview (no copy for slices).
-    fn __getitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn __getitem__<'py>(
+        slf: &Bound<'py, Self>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         PyMemoryView::from(slf.as_any())?.get_item(key)
     }
 
     /// `trans.buf[a:b] = bytes`.
-    fn __setitem__<'py>(slf: &Bound<'py, Self>, key: &Bound<'py, PyAny>, value: &Bound<'py, PyAny>) -> PyResult<()> {
+    fn __setitem__<'py>(
+        slf: &Bound<'py, Self>,
+        key: &Bound<'py, PyAny>,
+        value: &Bound<'py, PyAny>,
+    ) -> PyResult<()> {
         PyMemoryView::from(slf.as_any())?.set_item(key, value)
     }
 

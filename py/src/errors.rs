@@ -84,7 +84,9 @@ where
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".to_owned());
-            Err(ScadError::new_err(format!("internal error in scad native code: {what}")))
+            Err(ScadError::new_err(format!(
+                "internal error in scad native code: {what}"
+            )))
         })
     })
 }

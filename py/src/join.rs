@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -37,6 +40,13 @@ impl Hasher for MixHasher {
 }
 
 type KeyMap = HashMap<u64, u32, BuildHasherDefault<MixHasher>>;
+
+/// An intp NumPy array.
+type Intp<'py> = Bound<'py, PyArray1<isize>>;
+/// Two intp arrays (indexers, or sorter and bounds).
+type IntpPair<'py> = (Intp<'py>, Intp<'py>);
+/// What `prepare_join` returns.
+type Prepared<'py> = (JoinTable, Intp<'py>, Intp<'py>, usize);
 
 /// Key element types the kernels accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +200,7 @@ pub fn prepare_join<'py>(
     py: Python<'py>,
     left: &Bound<'py, PyUntypedArray>,
     key_type: Option<&str>,
-) -> PyResult<(JoinTable, Bound<'py, PyArray1<isize>>, Bound<'py, PyArray1<isize>>, usize)> {
+) -> PyResult<Prepared<'py>> {
     let want = parse_key_type(key_type)?;
     let (kt, keys) = codes(left, want)?;
     let (map, sorter, counts) = detach(py, move || {
@@ -224,9 +234,7 @@ fn parse_key_type(s: Option<&str>) -> PyResult<Option<KeyType>> {
         Some("float64") => Some(KeyType::F64),
         Some("int32") => Some(KeyType::I32),
         Some("int64") => Some(KeyType::I64),
-        Some(other) => {
-            return Err(PyValueError::new_err(format!("unknown key type {other:?}")))
-        }
+        Some(other) => return Err(PyValueError::new_err(format!("unknown key type {other:?}"))),
     })
 }
 
@@ -242,11 +250,15 @@ pub fn join_on_table<'py>(
     ngroups: usize,
     right: &Bound<'py, PyUntypedArray>,
     key_type: Option<&str>,
-) -> PyResult<(Bound<'py, PyArray1<isize>>, Bound<'py, PyArray1<isize>>)> {
+) -> PyResult<IntpPair<'py>> {
     let want = parse_key_type(key_type)?.or(Some(table.key_type));
     let (_, rkeys) = codes(right, want)?;
-    let ls = left_sorter.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let lc = left_count.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let ls = left_sorter
+        .as_slice()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let lc = left_count
+        .as_slice()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     if ngroups != table.map.len() || lc.len() != ngroups {
         return Err(PyValueError::new_err(format!(
             "ngroups {ngroups} and left_count of length {} do not match the table's {} groups",
@@ -325,11 +337,14 @@ pub fn partition_on<'py>(
     values: &Bound<'py, PyUntypedArray>,
     num_bins: usize,
     key_type: Option<&str>,
-) -> PyResult<(Bound<'py, PyArray1<isize>>, Bound<'py, PyArray1<isize>>)> {
+) -> PyResult<IntpPair<'py>> {
     check_bins(num_bins)?;
     let (_, keys) = codes(values, parse_key_type(key_type)?)?;
     let (s, b) = detach(py, move || {
-        let bins = keys.iter().map(|&k| (mix(k) % num_bins as u64) as u32).collect();
+        let bins = keys
+            .iter()
+            .map(|&k| (mix(k) % num_bins as u64) as u32)
+            .collect();
         Ok(partition(bins, num_bins))
     })?;
     Ok((PyArray1::from_vec(py, s), PyArray1::from_vec(py, b)))
@@ -344,7 +359,7 @@ pub fn partition_on_pair<'py>(
     v2: &Bound<'py, PyUntypedArray>,
     num_bins: usize,
     key_type: Option<&str>,
-) -> PyResult<(Bound<'py, PyArray1<isize>>, Bound<'py, PyArray1<isize>>)> {
+) -> PyResult<IntpPair<'py>> {
     check_bins(num_bins)?;
     let want = parse_key_type(key_type)?;
     let (_, k1) = codes(v1, want)?;
@@ -384,8 +399,10 @@ pub fn groupsort_indexer<'py>(
     py: Python<'py>,
     index: PyReadonlyArray1<'py, i64>,
     ngroups: usize,
-) -> PyResult<(Bound<'py, PyArray1<isize>>, Bound<'py, PyArray1<isize>>)> {
-    let idx = index.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+) -> PyResult<IntpPair<'py>> {
+    let idx = index
+        .as_slice()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     if ngroups >= u32::MAX as usize {
         return Err(PyValueError::new_err("too many groups"));
     }

@@ -68,7 +68,12 @@ impl PyPool {
     /// A pool of `capacity` bytes in pages of `page_size` bytes.
     #[new]
     #[pyo3(signature = (capacity, page_size=65536, policy_name="clock", read_ahead=4))]
-    fn new(capacity: usize, page_size: usize, policy_name: &str, read_ahead: usize) -> PyResult<Self> {
+    fn new(
+        capacity: usize,
+        page_size: usize,
+        policy_name: &str,
+        read_ahead: usize,
+    ) -> PyResult<Self> {
         let pool = BufferPool::builder(capacity)
             .page_size(page_size)
             .policy(policy(policy_name)?)
@@ -104,18 +109,34 @@ impl PyPool {
     }
 
     /// Reads `dst.size` bytes at remote `addr` of `name` into the uint8 array `dst`.
-    fn read(&self, py: Python<'_>, name: &str, addr: u64, mut dst: PyReadwriteArray1<'_, u8>) -> PyResult<()> {
+    fn read(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: u64,
+        mut dst: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
         let id = self.id(name)?;
         let pool = Arc::clone(&self.inner);
-        let dst = dst.as_slice_mut().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let dst = dst
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         detach(py, move || pool.read(id, addr, dst).map_err(array_err))
     }
 
     /// Writes the uint8 array `src` to remote `addr` of `name` (through the cache).
-    fn write(&self, py: Python<'_>, name: &str, addr: u64, src: PyReadonlyArray1<'_, u8>) -> PyResult<()> {
+    fn write(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: u64,
+        src: PyReadonlyArray1<'_, u8>,
+    ) -> PyResult<()> {
         let id = self.id(name)?;
         let pool = Arc::clone(&self.inner);
-        let src = src.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let src = src
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         detach(py, move || pool.write(id, addr, src).map_err(array_err))
     }
 
@@ -221,7 +242,9 @@ impl PyStore {
         elements: Vec<String>,
         stripe_bytes: Option<u64>,
     ) -> PyResult<RemoteBytes> {
-        let bytes = src.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let bytes = src
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let view = rows_view(bytes, row_bytes)?;
         let placement = placement(elements, stripe_bytes);
         let store = Arc::clone(&self.inner);
@@ -244,7 +267,8 @@ impl PyStore {
             return Err(PyValueError::new_err("rows need at least one byte"));
         }
         let placement = placement(elements, stripe_bytes);
-        let arr = RemoteArray::empty(&self.inner, (rows, row_bytes), &placement).map_err(array_err)?;
+        let arr =
+            RemoteArray::empty(&self.inner, (rows, row_bytes), &placement).map_err(array_err)?;
         Ok(RemoteBytes { inner: arr })
     }
 
@@ -327,20 +351,39 @@ impl RemoteBytes {
     }
 
     /// Reads rows `[start, end)` into the uint8 array `dst` (exactly that many bytes).
-    fn read_into(&self, py: Python<'_>, start: usize, end: usize, mut dst: PyReadwriteArray1<'_, u8>) -> PyResult<()> {
-        let dst = dst.as_slice_mut().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        start: usize,
+        end: usize,
+        mut dst: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
+        let dst = dst
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let arr = self.inner.clone();
-        detach(py, move || arr.read_into(start..end, dst).map_err(array_err))
+        detach(py, move || {
+            arr.read_into(start..end, dst).map_err(array_err)
+        })
     }
 
     /// Writes whole rows from the uint8 array `src` starting at row `first_row`.
-    fn write_rows(&self, py: Python<'_>, first_row: usize, src: PyReadonlyArray1<'_, u8>) -> PyResult<()> {
-        let bytes = src.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    fn write_rows(
+        &self,
+        py: Python<'_>,
+        first_row: usize,
+        src: PyReadonlyArray1<'_, u8>,
+    ) -> PyResult<()> {
+        let bytes = src
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let row_bytes = usize::try_from(self.inner.row_bytes())
             .map_err(|_| PyValueError::new_err("row too large"))?;
         let view = rows_view(bytes, row_bytes)?;
         let arr = self.inner.clone();
-        detach(py, move || arr.write_range(first_row, &view).map_err(array_err))
+        detach(py, move || {
+            arr.write_range(first_row, &view).map_err(array_err)
+        })
     }
 
     /// Writes the pool's dirty pages back.

@@ -69,10 +69,7 @@ impl PyMemoryServer {
     /// True until `shutdown`.
     #[getter]
     fn running(&self) -> bool {
-        self.server
-            .lock()
-            .map(|s| s.is_some())
-            .unwrap_or(false)
+        self.server.lock().map(|s| s.is_some()).unwrap_or(false)
     }
 
     /// Counters: connections, requests, errors, bytes_read, bytes_written.

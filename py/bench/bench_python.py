@@ -1,0 +1,186 @@
+"""Benchmarks of the Python wheel, each beside a baseline measured in the same run.
+
+1. ``disaggrt`` write + materialize of 256 MiB of float32 through the Python API
+   (``remote_array(pool, input_ndarray=...)``, ``get_array_metadata()``,
+   ``materialize()``) vs the same work in Rust (remote-array's ``disaggrt_baseline``
+   example: same pool geometry, same in-process tcp memory server). Runs alternate
+   between the two so machine load hits both alike. Target: Python >= 0.8x Rust.
+2. ``npjoin`` inner join of 1M x 1M float32 keys (prepare + join) vs pandas ``merge``
+   of the same keys. Target: >= 1.0x pandas (reported, not a contract).
+
+Writes ``benches/results/python.jsonl`` and ``benches/results/python.md`` and prints
+MET/MISSED per target.
+
+    .venv/bin/python py/bench/bench_python.py [--mib 256] [--reps 7] [--join-rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def build_rust_baseline() -> str:
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "scad-remote-array", "--example", "disaggrt_baseline"],
+                   cwd=REPO, check=True)
+    return os.path.join(target, "release", "examples", "disaggrt_baseline")
+
+
+def rust_once(exe: str, mib: int):
+    out = subprocess.run([exe, str(mib), "1"], capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    return doc["write_s"][0], doc["materialize_s"][0]
+
+
+def python_once(mib: int):
+    import disagg
+    from disaggrt import buffer_pool_lib, rdma_array
+    from scad import _native
+
+    nbytes = mib << 20
+    server = _native.MemoryServer(nbytes + (1 << 20))
+    action = disagg.LibdAction(None, "bench")
+    try:
+        action.add_transport(f"mem;rdma_tcp;url,{server.url};")
+        t = action.get_transport("mem", "rdma")
+        t.reg(buffer_pool_lib.buffer_size)
+        pool = buffer_pool_lib.buffer_pool({"mem": t})  # 16 MiB in 64 KiB pages, as in Rust
+        data = (np.arange(nbytes // 4) % 1000).astype(np.float32)
+        t0 = time.perf_counter()
+        ra = rdma_array.remote_array(pool, input_ndarray=data, transport_name="mem")
+        ra.get_array_metadata()  # flushes
+        t1 = time.perf_counter()
+        back = ra.materialize()
+        t2 = time.perf_counter()
+        if not np.array_equal(back, data):
+            raise AssertionError("materialized data differ")
+        return t1 - t0, t2 - t1
+    finally:
+        action.terminate()
+        server.shutdown()
+
+
+def bench_disaggrt(mib: int, reps: int, rows: list) -> bool:
+    exe = build_rust_baseline()
+    py_w, py_m, rs_w, rs_m = [], [], [], []
+    for _ in range(reps):
+        w, m = python_once(mib)
+        py_w.append(w)
+        py_m.append(m)
+        w, m = rust_once(exe, mib)
+        rs_w.append(w)
+        rs_m.append(m)
+    nbytes = mib << 20
+    py_total = statistics.median([a + b for a, b in zip(py_w, py_m)])
+    rs_total = statistics.median([a + b for a, b in zip(rs_w, rs_m)])
+    # Each Python run is paired with the Rust run right after it, so load that drifts
+    # during the benchmark hits both sides of a pair alike; the verdict uses the
+    # median of the per-pair ratios (the ratio of medians is printed too).
+    ratio = statistics.median([(rw + rm) / (pw + pm) for pw, pm, rw, rm in zip(py_w, py_m, rs_w, rs_m)])
+    met = ratio >= 0.8
+    for name, w, m in (("rust", rs_w, rs_m), ("python", py_w, py_m)):
+        for phase, ts in (("write+flush", w), ("materialize", m)):
+            rows.append(row("disaggrt", f"{name} {phase} {mib} MiB float32", nbytes, ts))
+        tot = [a + b for a, b in zip(w, m)]
+        r = row("disaggrt", f"{name} write+materialize {mib} MiB float32", 2 * nbytes, tot)
+        if name == "python":
+            r.update(vs_baseline=f"{ratio:.2f}x rust (median of paired runs; {rs_total / py_total:.2f}x of medians)",
+                     target=">= 0.8x", verdict="MET" if met else "MISSED")
+        rows.append(r)
+    print(f"disaggrt write+materialize {mib} MiB: python {py_total:.3f}s, rust {rs_total:.3f}s (medians) "
+          f"-> {ratio:.2f}x rust, median of paired runs (target >= 0.8x): {'MET' if met else 'MISSED'}")
+    return met
+
+
+def bench_join(n: int, reps: int, rows: list) -> bool:
+    import pandas as pd
+    from npjoin import join
+
+    rng = np.random.default_rng(11)
+    left = rng.integers(0, n, n).astype(np.float32)
+    right = rng.integers(0, n, n).astype(np.float32)
+    ldf = pd.DataFrame({"k": left, "i": np.arange(n)})
+    rdf = pd.DataFrame({"k": right, "j": np.arange(n)})
+    ours, theirs = [], []
+    pairs = None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        table, sorter, count, ngroups = join.prepare_join_float32(left)
+        li, ri = join.join_on_table_float32(table, sorter, count, ngroups, right)
+        ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        merged = pd.merge(ldf, rdf, on="k")
+        theirs.append(time.perf_counter() - t0)
+        pairs = len(li)
+        if len(merged) != pairs:
+            raise AssertionError(f"npjoin found {pairs} pairs, pandas {len(merged)}")
+    speed = statistics.median(theirs) / statistics.median(ours)
+    met = speed >= 1.0
+    rows.append(row("npjoin", f"pandas merge {n} x {n} float32 keys", 0, theirs, note=f"{pairs} pairs"))
+    r = row("npjoin", f"npjoin prepare+join {n} x {n} float32 keys", 0, ours, note=f"{pairs} pairs")
+    r.update(vs_baseline=f"{speed:.2f}x pandas", target=">= 1.0x", verdict="MET" if met else "MISSED")
+    rows.append(r)
+    print(f"npjoin {n} x {n}: {statistics.median(ours):.3f}s vs pandas merge {statistics.median(theirs):.3f}s "
+          f"-> {speed:.2f}x pandas (target >= 1.0x): {'MET' if met else 'MISSED'}")
+    return met
+
+
+def row(bench: str, variant: str, nbytes: int, times: list, note: str = "") -> dict:
+    med = statistics.median(times)
+    return {"bench": bench, "variant": variant, "bytes": nbytes, "median_s": med, "min_s": min(times),
+            "max_s": max(times), "gb_per_s": (nbytes / med / 1e9) if nbytes else None, "note": note,
+            "reps": len(times), "unix_time": int(time.time())}
+
+
+def write_results(rows: list, args) -> None:
+    out = os.path.join(REPO, "benches", "results")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "python.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        "# Python wheel benchmarks", "",
+        f"`.venv/bin/python py/bench/bench_python.py --mib {args.mib} --reps {args.reps} "
+        f"--join-rows {args.join_rows}` — in-process memory servers over loopback tcp, "
+        "2 cores shared by servers and client; Python and Rust runs alternate. Times are "
+        "medians (min..max) of the repetitions; every ratio is against a baseline measured "
+        "in the same run.", "",
+        f"Machine: {os.cpu_count()} cores; load average at the end of the run: {load}.", "",
+        "| bench | variant | GB/s | median ms (min..max) | note | vs baseline | target | verdict |",
+        "|---|---|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        gb = f"{r['gb_per_s']:.2f}" if r["gb_per_s"] else ""
+        lines.append(f"| {r['bench']} | {r['variant']} | {gb} | {r['median_s'] * 1e3:.1f} "
+                     f"({r['min_s'] * 1e3:.1f}..{r['max_s'] * 1e3:.1f}) | {r['note']} | "
+                     f"{r.get('vs_baseline', '')} | {r.get('target', '')} | {r.get('verdict', '')} |")
+    with open(os.path.join(out, "python.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--join-rows", type=int, default=1_000_000)
+    args = p.parse_args()
+    rows: list = []
+    met = [bench_disaggrt(args.mib, args.reps, rows), bench_join(args.join_rows, args.reps, rows)]
+    write_results(rows, args)
+    print(f"targets met: {sum(met)}/{len(met)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
