@@ -217,3 +217,36 @@ def test_gil_released_during_transfers(action_on):
     stop.set()
     th.join()
     assert len(ticks) > 20
+
+
+def test_every_durl_kind():
+    """The durl table of COMPAT.md: local, shm, tcp client and server work; uverbs
+    kinds raise a clear error on a build or host without RDMA instead of crashing."""
+    import os
+    srv = _native.MemoryServer(1 << 20)
+    a = disagg.LibdAction(None, "kinds", timeout=5)
+    try:
+        assert a.add_transport("loc;rdma_local;size,4096;") == 1
+        shm_id = f"pytest-{os.getpid()}"
+        assert a.add_transport(f"shm;rdma_shm;size,65536;shm_id,{shm_id};") == 1
+        assert a.add_transport(f"tcp;rdma_tcp;url,{srv.url};") == 1
+        assert a.add_transport("srv;rdma_tcp_server;url,tcp://*:0;size,4096;") == 1
+        for name in ("loc", "shm", "tcp"):
+            t = a.get_transport(name, "rdma")
+            t.reg(64)
+            t.buf[0:4] = b"kind"
+            t.write(4, 8)
+            t.buf[0:4] = b"----"
+            t.read(4, 8)
+            assert bytes(t.buf[0:4]) == b"kind", name
+        with pytest.raises(ValueError, match="server"):
+            a._native.endpoint("srv")
+        try:
+            rv = a.add_transport("rd;rdma_uverbs;url,tcp://127.0.0.1:1;")
+        except (_native.ScadError, OSError, ValueError, ConnectionError) as e:
+            assert "rdma" in str(e).lower() or "uverbs" in str(e).lower() or "connect" in str(e).lower()
+        else:
+            assert rv in (0, 1)
+    finally:
+        a.terminate()
+        srv.shutdown()
