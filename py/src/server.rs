@@ -142,6 +142,18 @@ struct Args {
     /// Seconds a connection may stay idle or stalled (0: forever).
     #[arg(long, default_value_t = 600)]
     idle_timeout: u64,
+    /// List RDMA devices and exit.
+    #[arg(long)]
+    list_devices: bool,
+    /// RDMA device (default: the first one found).
+    #[arg(long)]
+    device: Option<String>,
+    /// RDMA device port.
+    #[arg(long, default_value_t = 1)]
+    rdma_port: u8,
+    /// RDMA GID table index.
+    #[arg(long, default_value_t = 0)]
+    gid_index: u8,
 }
 
 /// Parses a size such as `4096`, `64K`, `512M`, `1G` or `512 MB` (powers of 1024).
@@ -190,11 +202,11 @@ pub fn memory_server_main(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
             return Ok(code);
         }
     };
+    if args.list_devices {
+        return list_devices();
+    }
     if args.implementation == Impl::Rdma {
-        return Err(PyValueError::new_err(
-            "the rdma implementation is served by the Rust memory_server binary built with \
-             the `rdma` feature; this wheel serves tcp",
-        ));
+        return serve_rdma(py, &args);
     }
     let config = ServerConfig {
         token: args.token.clone(),
@@ -202,28 +214,91 @@ pub fn memory_server_main(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
         max_connections: args.max_connections,
         idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
     };
-    let bind = if args.bind.contains(':') {
-        format!("[{}]:{}", args.bind, args.port)
-    } else {
-        format!("{}:{}", args.bind, args.port)
-    };
+    let bind = bind_addr(&args);
+    let size = args.size;
     detach(py, move || {
-        let server = MemoryServer::start(&bind, args.size, config).map_err(core_err)?;
+        let server = MemoryServer::start(&bind, size, config).map_err(core_err)?;
         let stop = server.shutdown_handle();
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-        ])
-        .map_err(|e| ScadError::new_err(format!("installing signal handlers: {e}")))?;
-        std::thread::spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                tracing::info!(signal = sig, "stopping");
-                stop.shutdown();
-            }
-        });
-        println!("listening on {}", server.local_addr());
-        let _ = std::io::stdout().flush();
+        serve_until_signal(server.local_addr(), move || stop.shutdown())?;
         server.wait();
         Ok(0)
     })
+}
+
+#[cfg(feature = "rdma")]
+fn list_devices() -> PyResult<i32> {
+    let devices = scad_core::rdma::list_devices().map_err(core_err)?;
+    if devices.is_empty() {
+        println!("no RDMA devices found on this host");
+    }
+    for d in &devices {
+        println!("{d}");
+    }
+    Ok(0)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn list_devices() -> PyResult<i32> {
+    println!("no RDMA support: this wheel was built without the `rdma` feature");
+    Ok(0)
+}
+
+#[cfg(feature = "rdma")]
+fn serve_rdma(py: Python<'_>, args: &Args) -> PyResult<i32> {
+    use scad_core::rdma::{RdmaServer, RdmaServerConfig};
+    let config = RdmaServerConfig {
+        token: args.token.clone(),
+        device: args.device.clone(),
+        port: args.rdma_port,
+        gid_index: args.gid_index,
+        max_connections: args.max_connections,
+        ..RdmaServerConfig::default()
+    };
+    let bind = bind_addr(args);
+    let size = args.size;
+    detach(py, move || {
+        let server = RdmaServer::start(&bind, size, config).map_err(core_err)?;
+        let stop = server.shutdown_handle();
+        let addr = server.local_addr();
+        serve_until_signal(addr, move || stop.shutdown())?;
+        server.wait();
+        Ok(0)
+    })
+}
+
+#[cfg(not(feature = "rdma"))]
+fn serve_rdma(_py: Python<'_>, _args: &Args) -> PyResult<i32> {
+    Err(PyValueError::new_err(
+        "the rdma implementation needs the wheel built with the `rdma` feature \
+         (maturin build --features rdma) or the Rust memory_server binary",
+    ))
+}
+
+fn bind_addr(args: &Args) -> String {
+    if args.bind.contains(':') {
+        format!("[{}]:{}", args.bind, args.port)
+    } else {
+        format!("{}:{}", args.bind, args.port)
+    }
+}
+
+/// Installs SIGINT/SIGTERM handling that calls `stop`, and announces `addr` on stdout.
+fn serve_until_signal(
+    addr: std::net::SocketAddr,
+    stop: impl FnOnce() + Send + 'static,
+) -> PyResult<()> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| ScadError::new_err(format!("installing signal handlers: {e}")))?;
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "stopping");
+            stop();
+        }
+    });
+    println!("listening on {addr}");
+    let _ = std::io::stdout().flush();
+    Ok(())
 }

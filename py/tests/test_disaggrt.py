@@ -189,3 +189,12 @@ def test_util_helpers(action_on, monkeypatch):
         util.getParIndex()
     with pytest.raises(TypeError):
         util.loadMeta(base64.b64encode(pickle.dumps({"no": 1})).decode())
+
+
+def test_native_pool_rejects_wrong_dtypes(pool):
+    with pytest.raises(TypeError):
+        pool._pool.read("mem", 0, np.zeros(4, np.float32))
+    with pytest.raises(TypeError):
+        pool._pool.write("mem", 0, [1, 2, 3])
+    with pytest.raises(ValueError):
+        pool.read_into("mem", 0, np.zeros(8, np.float32)[::2])

@@ -233,3 +233,35 @@ def test_scad_run_failure_tears_down(tmp_path):
     r = run_cli("run", str(d), "-d", str(out))
     assert r.returncode == 1 and "boom" in r.stderr
     assert not (out / "rundisagg.b.json").exists()
+
+
+def test_runtime_invoke_uses_memory_templates_of_the_dag(tmp_path):
+    write(tmp_path / "big.o.yaml", "type: memory\nlimits: {mem: 2 MB}\n")
+    prog = write(tmp_path / "scale.o.py", """
+        #@ type: compute
+        def main(params, action):
+            action.runtime.invoke("big", "more")
+            t = action.get_transport("more", "rdma")
+            t.reg(8)
+            t.write(8, (2 << 20) - 8)
+            try:
+                t.write(8, (2 << 20) - 4)
+                beyond = "accepted"
+            except IndexError:
+                beyond = "IndexError"
+            action.runtime.release("more")
+            return {"beyond": beyond, "left": action._native.names()}
+    """)
+    r = run_cli("rundisagg", prog, "-d", str(tmp_path), "-p")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"beyond": "IndexError", "left": []}
+
+
+def test_memory_server_flags_match_the_binary():
+    r = run_cli("memory_server", "--help")
+    for flag in ["--size", "--bind", "--token", "--max-connections", "--max-frame", "--idle-timeout",
+                 "--list-devices", "--device", "--rdma-port", "--gid-index"]:
+        assert flag in r.stdout, flag
+    assert "[default: 2333]" in r.stdout
+    r = run_cli("memory_server", "--list-devices")
+    assert r.returncode == 0 and r.stdout.strip()

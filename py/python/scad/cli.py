@@ -79,6 +79,11 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
     from .dag import DagError, ElementError
     from .runner import DagRunError, run_dag
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The other tools take their own arguments (including --help) unchanged.
+    passthrough = {"rundisagg": rundisagg_main, "wskgen": wskgen_main, "memory_server": memory_server_main}
+    if argv and argv[0] in passthrough:
+        return passthrough[argv[0]](argv[1:])
     p = argparse.ArgumentParser(prog="scad", description="Scad tools.")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a whole element DAG locally")
@@ -89,19 +94,9 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--timeout", type=float, default=60.0)
     r.add_argument("--json", default=None, help="also write the report as JSON here")
     r.add_argument("-q", "--quiet", action="store_true", help="do not echo element output")
-    rd = sub.add_parser("rundisagg", help="same as the rundisagg command", add_help=False)
-    rd.add_argument("rest", nargs=argparse.REMAINDER)
-    w = sub.add_parser("wskgen", help="same as the wskgen command", add_help=False)
-    w.add_argument("rest", nargs=argparse.REMAINDER)
-    ms = sub.add_parser("memory_server", help="same as the memory_server command", add_help=False)
-    ms.add_argument("rest", nargs=argparse.REMAINDER)
+    for name in passthrough:
+        sub.add_parser(name, help=f"same as the {name} command", add_help=False)
     args = p.parse_args(argv)
-    if args.cmd == "rundisagg":
-        return rundisagg_main(args.rest)
-    if args.cmd == "wskgen":
-        return wskgen_main(args.rest)
-    if args.cmd == "memory_server":
-        return memory_server_main(args.rest)
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr))
     try:
         report = run_dag(args.dagdir, args.dir, args.jobs, args.host, args.timeout, log)
@@ -122,6 +117,4 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    if len(sys.argv) > 1 and sys.argv[1] in ("rundisagg", "wskgen", "memory_server", "run"):
-        sys.exit(scad_main(sys.argv[1:]))
     sys.exit(scad_main())

@@ -115,6 +115,18 @@ def _load_main(path: str):
     return main
 
 
+def _memory_templates(directory: str) -> Dict[str, Dict[str, Any]]:
+    """Memory elements beside a compute element, as templates for ``runtime.invoke``."""
+    templates: Dict[str, Dict[str, Any]] = {}
+    for f in glob.glob(os.path.join(glob.escape(directory), "*.o.yaml")):
+        try:
+            e = parse_element(f)
+        except ElementError:
+            continue  # only scad run insists on a well-formed DAG
+        templates[e.name] = {"limits": dict(e.limits)}
+    return templates
+
+
 def run_element(path: str, memories: List[Tuple[str, str]], directory: str = "/tmp",
                 index: Optional[int] = None, extra_params: Optional[Dict[str, Any]] = None,
                 timeout: float = 60.0) -> Dict[str, Any]:
@@ -131,7 +143,8 @@ def run_element(path: str, memories: List[Tuple[str, str]], directory: str = "/t
     params: Dict[str, Any] = load_parent_outputs(directory, element.parents)
     params.update(extra_params or {})
     main = _load_main(path)
-    action = disagg.LibdAction(threading.Condition(), element.name, name=element.name, timeout=timeout)
+    action = disagg.LibdAction(threading.Condition(), element.name, name=element.name, timeout=timeout,
+                               templates=_memory_templates(os.path.dirname(os.path.abspath(path))))
     for _, durl in memories:
         action.add_transport(durl)
     start = time.perf_counter()
