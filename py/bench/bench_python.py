@@ -6,6 +6,7 @@
    example: same pool geometry, same in-process tcp memory server). Runs alternate
    between the two so machine load hits both alike. Target: Python >= 0.8x Rust, with
    NumPy's huge-page advice off as in the Rust Vec (NumPy's default reported beside).
+   Also: >= 100x the original's ~10 MB/s (BENCHMARKS.md), with NumPy's defaults.
 2. ``npjoin`` inner join of 1M x 1M float32 keys (prepare + join) vs pandas ``merge``
    of the same keys. Target: >= 1.0x pandas (reported, not a contract).
 
@@ -26,6 +27,9 @@ import sys
 import time
 
 import numpy as np
+
+#: Throughput of the original disaggrt write + materialize (BENCHMARKS.md).
+ORIGINAL_MBPS = 10
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -103,6 +107,7 @@ def bench_disaggrt(mib: int, reps: int, rows: list) -> bool:
     # median of the per-pair ratios (the ratio of medians is printed too).
     ratio = statistics.median([(rw + rm) / (pw + pm) for pw, pm, rw, rm in zip(py_w, py_m, rs_w, rs_m)])
     met = ratio >= 0.8
+    met_original = False
     hp_ratio = statistics.median([(rw + rm) / (pw + pm) for pw, pm, rw, rm in zip(hp_w, hp_m, rs_w, rs_m)])
     for name, w, m in (("rust", rs_w, rs_m), ("python", py_w, py_m), ("python, numpy huge pages", hp_w, hp_m)):
         for phase, ts in (("write+flush", w), ("materialize", m)):
@@ -112,7 +117,15 @@ def bench_disaggrt(mib: int, reps: int, rows: list) -> bool:
             "numpy huge-page advice off, as the Rust Vec" if name == "python" else "")
         r = row("disaggrt", f"{name} write+materialize {mib} MiB float32", 2 * nbytes, tot, note=note)
         if "huge" in name:
-            r.update(vs_baseline=f"{hp_ratio:.2f}x rust (median of paired runs)")
+            # BENCHMARKS.md also asks for >= 100x the original disaggrt (~10 MB/s, a
+            # documented figure: the original cannot run here). Judged on NumPy's
+            # default configuration, which is what element programs get.
+            mbps = 2 * nbytes / statistics.median(tot) / 1e6
+            r.update(vs_baseline=f"{hp_ratio:.2f}x rust (median of paired runs); {mbps / ORIGINAL_MBPS:.0f}x original",
+                     target=">= 100x original", verdict="MET" if mbps >= 100 * ORIGINAL_MBPS else "MISSED")
+            print(f"disaggrt with numpy defaults: {mbps:.0f} MB/s = {mbps / ORIGINAL_MBPS:.0f}x the original's "
+                  f"~{ORIGINAL_MBPS} MB/s (target >= 100x): {'MET' if mbps >= 100 * ORIGINAL_MBPS else 'MISSED'}")
+            met_original = mbps >= 100 * ORIGINAL_MBPS
         elif name == "python":
             r.update(vs_baseline=f"{ratio:.2f}x rust (median of paired runs; {rs_total / py_total:.2f}x of medians)",
                      target=">= 0.8x", verdict="MET" if met else "MISSED")
@@ -120,7 +133,7 @@ def bench_disaggrt(mib: int, reps: int, rows: list) -> bool:
     print(f"disaggrt write+materialize {mib} MiB: python {py_total:.3f}s, rust {rs_total:.3f}s (medians) "
           f"-> {ratio:.2f}x rust, median of paired runs (target >= 0.8x): {'MET' if met else 'MISSED'}; "
           f"with numpy's default huge-page advice {hp_ratio:.2f}x")
-    return met
+    return met and met_original
 
 
 def bench_join(n: int, reps: int, rows: list) -> bool:

@@ -175,25 +175,26 @@ def test_wskgen_output(tmp_path):
 
 
 def test_memory_server_console_script():
-    p = subprocess.Popen([sys.executable, "-m", "scad.cli", "memory_server", "0", "tcp", "--size", "4M",
-                          "--bind", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = p.stdout.readline()
-        assert line.startswith("listening on 127.0.0.1:"), line + p.stderr.read()
-        port = int(line.rsplit(":", 1)[1])
-        import disagg
-        a = disagg.LibdAction(None, "c")
-        a.add_transport(f"m;rdma_tcp;url,tcp://127.0.0.1:{port};")
-        t = a.get_transport("m", "rdma")
-        t.reg(8)
-        t.buf[0:2] = b"ok"
-        t.write(2, (4 << 20) - 2)
-        with pytest.raises(IndexError):
-            t.write(2, (4 << 20) - 1)
-        a.terminate()
-    finally:
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(20) == 0
+    with subprocess.Popen([sys.executable, "-m", "scad.cli", "memory_server", "0", "tcp", "--size", "4M",
+                           "--bind", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as p:
+        try:
+            line = p.stdout.readline()
+            assert line.startswith("listening on 127.0.0.1:"), line
+            port = int(line.rsplit(":", 1)[1])
+            import disagg
+            a = disagg.LibdAction(None, "c")
+            a.add_transport(f"m;rdma_tcp;url,tcp://127.0.0.1:{port};")
+            t = a.get_transport("m", "rdma")
+            t.reg(8)
+            t.buf[0:2] = b"ok"
+            t.write(2, (4 << 20) - 2)
+            with pytest.raises(IndexError):
+                t.write(2, (4 << 20) - 1)
+            a.terminate()
+        finally:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(20) == 0
     bad = run_cli("memory_server", "--size", "lots")
     assert bad.returncode != 0 and "size" in bad.stderr
 
