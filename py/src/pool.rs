@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scad_core::durl::Durl;
 use scad_remote_array::{
-    AllocationState, ArrayMeta, BufferPool, EvictionPolicy, Placement, RemoteArray, RemoteStore,
-    TransportId,
+    AllocationState, ArrayMeta, BufferPool, EvictionPolicy, Placement, PoolRange, RemoteArray,
+    RemoteStore, TransportId,
 };
 
 use crate::action::PyEndpoint;
@@ -390,5 +390,26 @@ impl RemoteBytes {
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let arr = self.inner.clone();
         detach(py, move || arr.flush().map_err(array_err))
+    }
+
+    /// Loads the pages of rows `[start, end)` into the pool without copying them out
+    /// (best effort: at most a quarter of the pool), so a later read finds them.
+    fn prefetch(&self, py: Python<'_>, start: usize, end: usize) -> PyResult<()> {
+        let part = self.inner.slice(start..end).map_err(array_err)?;
+        let pool = Arc::clone(part.store().pool());
+        let mut ranges = Vec::new();
+        for e in part.meta().extents {
+            let id = pool.find_transport(&e.transport).ok_or_else(|| {
+                PyKeyError::new_err(format!("the pool has no transport {:?}", e.transport))
+            })?;
+            let len =
+                usize::try_from(e.bytes).map_err(|_| PyValueError::new_err("extent too large"))?;
+            ranges.push(PoolRange {
+                transport: id,
+                addr: e.addr,
+                len,
+            });
+        }
+        detach(py, move || pool.prefetch(&ranges).map_err(array_err))
     }
 }

@@ -72,3 +72,19 @@ def test_bad_input(store):
         store.add_element("dead", "tcp://127.0.0.1:1")
     with pytest.raises(ValueError):
         scad.Store(policy="fifo")
+
+
+def test_chunks_read_ahead_fetches_the_next_chunk(servers):
+    a = np.arange(64 * 1024, dtype=np.float64).reshape(-1, 8)  # 512 KiB
+    urls = {f"mem{i}": s.url for i, s in enumerate(servers)}
+    meta = scad.RemoteArray.from_numpy(scad.Store(urls, pool_bytes=1 << 20, page_size=16 << 10), a).meta
+    hits = {}
+    for ahead in (False, True):
+        fresh = scad.Store(urls, pool_bytes=1 << 20, page_size=16 << 10, read_ahead=0)
+        ra = scad.RemoteArray.from_meta(fresh, meta)
+        got = np.concatenate([c for _, c in ra.chunks(1024, read_ahead=ahead)])
+        assert np.array_equal(got, a)
+        hits[ahead] = fresh.stats()["hits"]
+    assert hits[True] > hits[False]
+    with pytest.raises(ValueError):
+        next(ra.chunks(0))

@@ -103,6 +103,11 @@ def test_out_of_range_addresses(action_on, server):
         t.read(16, 0, 4090)
     with pytest.raises(ValueError):
         t.read(-1, 0)
+    with pytest.raises(TypeError):
+        t.read(1.5, 0)
+    assert t.read(np.int64(4), np.uint32(0), np.int8(0)) == 0  # NumPy integers are fine
+    with pytest.raises(ValueError):
+        t.reg(0)
 
 
 def test_malformed_durls():

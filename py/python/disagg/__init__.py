@@ -9,6 +9,7 @@ GIL, calls on an unconfigured transport block until ``config_transport`` (or rai
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -43,9 +44,10 @@ class LibdRDMATransport:
                 raise TypeError("reg(size, trans): trans must be a transport from get_transport")
             self._ep.reg_shared(trans._ep)
         else:
-            if not isinstance(size, int) or size <= 0:
-                raise ValueError(f"reg: size must be a positive int, not {size!r}")
-            self._ep.reg(size)
+            n = _index("reg", "size", size)
+            if n == 0:
+                raise ValueError("reg: size must be positive")
+            self._ep.reg(n)
 
     @property
     def buf(self) -> "_native.RegisteredBytes":
@@ -56,14 +58,13 @@ class LibdRDMATransport:
 
     def read(self, size: int, addr: int, offset: int = 0) -> int:
         """Copies ``size`` bytes from remote ``addr`` into the buffer at ``offset``."""
-        _check_transfer("read", size, addr, offset)
-        self._ep.read(size, addr, offset)
+        self._ep.read(_index("read", "size", size), _index("read", "addr", addr), _index("read", "offset", offset))
         return 0
 
     def write(self, size: int, addr: int, offset: int = 0) -> int:
         """Copies ``size`` bytes of the buffer at ``offset`` to remote ``addr``."""
-        _check_transfer("write", size, addr, offset)
-        self._ep.write(size, addr, offset)
+        self._ep.write(_index("write", "size", size), _index("write", "addr", addr),
+                       _index("write", "offset", offset))
         return 0
 
     def get_msg(self) -> Optional[bytes]:
@@ -78,10 +79,15 @@ class LibdRDMATransport:
         return f"<LibdRDMATransport {self.name!r}>"
 
 
-def _check_transfer(op: str, size: int, addr: int, offset: int) -> None:
-    for what, v in (("size", size), ("addr", addr), ("offset", offset)):
-        if not isinstance(v, int) or v < 0:
-            raise ValueError(f"{op}: {what} must be a non-negative int, not {v!r}")
+def _index(op: str, what: str, v: Any) -> int:
+    """``v`` as a non-negative int (NumPy integers welcome)."""
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{op}: {what} must be an integer, not {type(v).__name__}") from None
+    if i < 0:
+        raise ValueError(f"{op}: {what} must be non-negative, not {i}")
+    return i
 
 
 class LibdRDMAServerTransport:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -156,12 +157,27 @@ class RemoteArray:
             raise ValueError(f"rows of shape {a.shape[1:]} do not fit {self.shape[1:]}")
         self._raw.write_rows(first_row, a.reshape(-1).view(np.uint8))
 
-    def chunks(self, rows: int) -> Iterator[Tuple[int, np.ndarray]]:
-        """``(first_row, array)`` for consecutive chunks of ``rows`` rows."""
+    def chunks(self, rows: int, read_ahead: bool = True) -> Iterator[Tuple[int, np.ndarray]]:
+        """``(first_row, array)`` for consecutive chunks of ``rows`` rows; while the
+        caller works on one chunk, the next one's pages are fetched in the background
+        (without the GIL)."""
         if rows <= 0:
             raise ValueError("rows per chunk must be positive")
-        for s in range(0, self.shape[0], rows):
-            yield s, self.to_numpy(s, min(s + rows, self.shape[0]))
+        n = self.shape[0]
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="scad-prefetch") as ex:
+            ahead = None
+            for s in range(0, n, rows):
+                e = min(s + rows, n)
+                if ahead is not None:
+                    try:
+                        ahead.result()
+                    except Exception:  # noqa: BLE001 - a failed prefetch: the read fetches itself
+                        pass
+                    ahead = None
+                chunk = self.to_numpy(s, e)
+                if read_ahead and e < n:
+                    ahead = ex.submit(self._raw.prefetch, e, min(e + rows, n))
+                yield s, chunk
 
     @staticmethod
     def concat(parts: Sequence["RemoteArray"]) -> "RemoteArray":
