@@ -266,3 +266,25 @@ def test_memory_server_flags_match_the_binary():
     assert "[default: 2333]" in r.stdout
     r = run_cli("memory_server", "--list-devices")
     assert r.returncode == 0 and r.stdout.strip()
+
+
+def test_scad_run_jobs_one_still_runs_parallel_instances(tmp_path):
+    d = tmp_path / "dag"
+    d.mkdir()
+    write(d / "fan.o.py", """
+        #@ type: compute
+        #@ parallelism: 3
+        from disaggrt import util
+        def main(params, action):
+            return {"i": util.getParIndex()}
+    """)
+    write(d / "sink.o.py", """
+        #@ type: compute
+        #@ parents: [fan]
+        def main(params, action):
+            return {"seen": sorted(o["i"] for o in params["fan"])}
+    """)
+    rep = tmp_path / "r.json"
+    r = run_cli("run", str(d), "-j", "1", "-d", str(tmp_path / "out"), "--json", str(rep))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(rep.read_text())["results"]["sink"] == {"seen": [0, 1, 2]}

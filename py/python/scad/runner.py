@@ -254,14 +254,17 @@ def _run_compute(dag: Dag, servers: Dict[str, Any], out_dir: str, jobs: int, hos
     done: set = set()
     running: Dict[Future, str] = {}
     failed: List[str] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    # Element coordinators are cheap threads; the instance processes they start share
+    # `jobs` slots, so -j bounds the processes running at once.
+    slots = threading.BoundedSemaphore(jobs)
+    with ThreadPoolExecutor(max_workers=max(1, len(dag.order))) as pool:
         pending = list(dag.order)
         while pending or running:
             ready = [n for n in pending if all(p in done for p in dag.parents_of(n))] if not failed else []
             for n in ready:
                 pending.remove(n)
                 running[pool.submit(_run_instances, dag.elements[n], servers, out_dir, host, timeout,
-                                    reports[n], log)] = n
+                                    reports[n], log, slots)] = n
             if not running:
                 break
             finished, _ = wait(list(running), return_when=FIRST_EXCEPTION)
@@ -278,28 +281,35 @@ def _run_compute(dag: Dag, servers: Dict[str, Any], out_dir: str, jobs: int, hos
         raise DagRunError("some elements were not run: " + ", ".join(n for n in dag.order if n not in done))
 
 
+def _run_one(cmd: List[str], slots: threading.BoundedSemaphore) -> Tuple[int, str]:
+    with slots:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return p.returncode, p.stdout
+
+
 def _run_instances(e: Element, servers: Dict[str, Any], out_dir: str, host: str, timeout: float,
-                   rep: ElementReport, log) -> None:
+                   rep: ElementReport, log, slots: threading.BoundedSemaphore) -> None:
     specs: List[str] = []
     for mem in e.corunning:
         specs += ["-m", f"{e.transport_of(mem)}:{servers[mem].port}"]
     start = time.perf_counter()
     idx = list(range(e.parallelism)) if e.parallelism > 1 else [None]
     # Each instance is its own Python process: its own __OW_PAR, its own GIL.
-    procs = []
+    cmds = []
     for i in idx:
         cmd = [sys.executable, "-m", "scad.cli", "rundisagg", e.path, "-d", out_dir, "--host", host,
                "--timeout", str(timeout)] + specs
         if i is not None:
             cmd += ["-i", str(i)]
-        procs.append((i, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        cmds.append(cmd)
+    with ThreadPoolExecutor(max_workers=len(cmds)) as starter:
+        outcomes = list(starter.map(lambda c: _run_one(c, slots), cmds))
     errors = []
-    for i, p in procs:
-        output, _ = p.communicate()
+    for i, (code, output) in zip(idx, outcomes):
         if log is not None and output.strip():
             log(f"[{e.name}{'' if i is None else '@' + str(i)}] " + output.rstrip().replace("\n", "\n  "))
-        if p.returncode != 0:
-            errors.append(f"instance {i if i is not None else 0} exited with {p.returncode}: "
+        if code != 0:
+            errors.append(f"instance {i if i is not None else 0} exited with {code}: "
                           f"{output.strip().splitlines()[-1] if output.strip() else ''}")
     rep.seconds = time.perf_counter() - start
     for i in idx:
