@@ -1,6 +1,5 @@
 """COMPAT.md: disaggrt.buffer_pool_lib, rdma_array, util."""
 import base64
-import os
 import pickle
 import subprocess
 import sys
@@ -9,7 +8,6 @@ import textwrap
 import numpy as np
 import pytest
 
-import disagg
 from disaggrt import buffer_pool_lib, rdma_array, util
 
 

@@ -2,7 +2,6 @@
 params[p][0]['meta']), wskgen, memory_server, scad run."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys

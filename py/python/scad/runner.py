@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
-from .dag import Dag, DagError, Element, ElementError, load_dag, parse_element
+from .dag import Dag, Element, ElementError, load_dag, parse_element
 
 __all__ = ["parse_memory_spec", "ParentOutput", "load_parent_outputs", "run_element", "run_dag",
            "DagRunError", "RunReport"]
