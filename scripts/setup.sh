@@ -21,3 +21,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo not found; install the Rust toolchain (rustup) first" >&2
     exit 1
 fi
+
+# Python: a virtual environment at .venv with the development requirements and the scad
+# wheel built from py/ (release build of the native module, installed into .venv).
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating the Python virtual environment .venv" >&2
+    python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt
+(cd py && VIRTUAL_ENV="$PWD/../.venv" ../.venv/bin/maturin develop --release -q)

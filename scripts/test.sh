@@ -10,3 +10,5 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 # Only core and memory-server change with the `rdma` feature.
 cargo clippy -p scad-core -p scad-memory-server --all-targets -- -D warnings
 cargo test --workspace --all-features
+# The Python wheel (built into .venv by setup.sh): drop-in modules, tools, modern API.
+.venv/bin/python -m pytest -q py/tests
