@@ -43,6 +43,12 @@ pub mod memory;
 pub mod protocol;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+/// Without the `rdma` feature only the pure connection-information codec of
+/// `rdma_uverbs` is built, so tools and fuzzers can check it without libibverbs.
+#[cfg(not(feature = "rdma"))]
+pub mod rdma {
+    pub mod exchange;
+}
 pub mod server;
 pub mod transport;
 
