@@ -1163,5 +1163,32 @@ fn refuse(
         .get_ref()
         .set_write_timeout(Some(Duration::from_secs(1)));
     let _ = writer.write_all(&out).and_then(|()| writer.flush());
+    linger(writer.get_ref());
     Err(ConnError::Refused(message))
+}
+
+/// Bytes [`linger`] discards at most.
+const LINGER_BYTES: usize = 1 << 20;
+/// Time [`linger`] spends at most.
+const LINGER_TIME: Duration = Duration::from_millis(500);
+
+/// Closes our side gently: stop sending, then discard what the client still sends
+/// (the rest of a refused frame, pipelined requests) for a bounded time. Closing a
+/// socket with unread input makes the kernel reset the connection, and a reset can
+/// destroy the error reply before the client has read it.
+fn linger(stream: &TcpStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let deadline = Instant::now() + LINGER_TIME;
+    let mut sink = [0u8; 16 * 1024];
+    let mut drained = 0;
+    while drained < LINGER_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match (&*stream).read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
 }

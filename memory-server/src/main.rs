@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use scad_core::server::{MemoryServer, ServerConfig};
+use scad_core::server::{MemoryServer, RegionGrant, ServerConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tracing_subscriber::EnvFilter;
@@ -49,9 +49,28 @@ struct Args {
     /// Largest frame in bytes.
     #[arg(long, default_value_t = scad_core::protocol::DEFAULT_MAX_FRAME)]
     max_frame: u32,
-    /// Seconds a connection may stay idle or stalled (0: forever).
+    /// Seconds a connection may stay idle between requests (0: forever).
     #[arg(long, default_value_t = 600)]
     idle_timeout: u64,
+    /// Seconds a started frame (or a new connection's hello) may take to arrive
+    /// whole, and a reply to be taken (0: forever).
+    #[arg(long, default_value_t = 30)]
+    request_timeout: u64,
+    /// Bytes all connections together may have in flight (suffixes K, M, G).
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    max_in_flight: u64,
+    /// Milliseconds a request waits for in-flight budget before it is refused as busy.
+    #[arg(long, default_value_t = 5000)]
+    in_flight_wait_ms: u64,
+    /// A region with its own token, NAME:OFFSET:LEN:TOKEN (offset and length with
+    /// optional K/M/G suffixes); repeatable. A client presenting the token sees only
+    /// that region, addressed from 0. Command lines are visible to other users: prefer
+    /// --regions-file for real tokens.
+    #[arg(long = "region", value_name = "NAME:OFFSET:LEN:TOKEN")]
+    regions: Vec<String>,
+    /// A file with one NAME:OFFSET:LEN:TOKEN region per line (# starts a comment).
+    #[arg(long)]
+    regions_file: Option<std::path::PathBuf>,
     /// List RDMA devices and exit.
     #[arg(long)]
     list_devices: bool,
@@ -67,20 +86,7 @@ struct Args {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (digits, shift) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 10),
-        Some((i, 'M' | 'm')) => (&t[..i], 20),
-        Some((i, 'G' | 'g')) => (&t[..i], 30),
-        Some((i, 'T' | 't')) => (&t[..i], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("size {s:?} is not a number with an optional K/M/G/T suffix"))?;
-    let size = n
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))?;
+    let size = scad_core::server::parse_bytes(s)?;
     if size == 0 {
         return Err("size must be greater than 0".into());
     }
@@ -103,9 +109,14 @@ fn main() -> Result<()> {
     }
     let config = ServerConfig {
         token: args.token.clone(),
+        regions: regions(&args)?,
         max_frame: args.max_frame,
         max_connections: args.max_connections,
+        max_in_flight: args.max_in_flight,
+        in_flight_wait: Duration::from_millis(args.in_flight_wait_ms),
         idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
+        request_timeout: (args.request_timeout > 0)
+            .then(|| Duration::from_secs(args.request_timeout)),
     };
     let bind = bind_addr(&args);
     let server = MemoryServer::start(&bind, args.size, config)
@@ -116,6 +127,30 @@ fn main() -> Result<()> {
         move || stop.shutdown(),
         move || server.wait(),
     )
+}
+
+/// The regions of `--region` and `--regions-file`.
+fn regions(args: &Args) -> Result<Vec<RegionGrant>> {
+    let mut specs: Vec<(String, String)> = args
+        .regions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("--region #{}", i + 1), s.clone()))
+        .collect();
+    if let Some(path) = &args.regions_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the regions file {}", path.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if !line.is_empty() && !line.starts_with('#') {
+                specs.push((format!("{}:{}", path.display(), n + 1), line.to_owned()));
+            }
+        }
+    }
+    specs
+        .iter()
+        .map(|(at, spec)| RegionGrant::parse(spec).with_context(|| format!("region at {at}")))
+        .collect()
 }
 
 fn bind_addr(args: &Args) -> String {
