@@ -294,7 +294,10 @@ impl MemoryServer {
         if config.request_timeout == Some(Duration::ZERO)
             || config.idle_timeout == Some(Duration::ZERO)
         {
-            return Err(server_err("timeouts must be longer than zero (or None)", None));
+            return Err(server_err(
+                "timeouts must be longer than zero (or None)",
+                None,
+            ));
         }
         check_regions(&config, region.size()).map_err(|reason| server_err(&reason, None))?;
         let addrs: Vec<SocketAddr> = addr
@@ -577,10 +580,7 @@ fn check_regions(config: &ServerConfig, size: u64) -> std::result::Result<(), St
             }
         }
         if config.token.as_deref() == Some(g.token.as_str()) {
-            return Err(format!(
-                "region {:?} has the server's global token",
-                g.name
-            ));
+            return Err(format!("region {:?} has the server's global token", g.name));
         }
     }
     Ok(())
@@ -954,9 +954,9 @@ impl Conn<'_> {
             );
         };
         self.body.resize(len, 0);
-        if let Err(e) =
-            self.incoming
-                .read_part(&mut self.body, deadline, config.request_timeout)
+        if let Err(e) = self
+            .incoming
+            .read_part(&mut self.body, deadline, config.request_timeout)
         {
             return Err(self.part_failed(e, "body"));
         }

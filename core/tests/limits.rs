@@ -3,11 +3,14 @@
 //! frames that must fit, per-region access control, connections lost mid-request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use scad_core::protocol::{self, ErrorCode, ErrorReply, HelloReply, Segment};
+use common::Raw;
+use scad_core::protocol::{self, ErrorCode, HelloReply, Segment};
 use scad_core::server::{MemoryServer, RegionGrant, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::{Error, ReadOp, Transport, WriteOp};
@@ -27,51 +30,6 @@ fn connect(addr: SocketAddr, token: Option<&str>) -> Result<TcpTransport, Error>
             ..TcpOptions::default()
         },
     )
-}
-
-/// A raw protocol client.
-struct Raw(TcpStream);
-
-impl Raw {
-    fn connect(addr: SocketAddr) -> Raw {
-        let stream = TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        Raw(stream)
-    }
-    fn send(&mut self, bytes: &[u8]) {
-        self.0.write_all(bytes).unwrap();
-    }
-    fn hello(&mut self, token: &[u8]) -> Result<HelloReply, ErrorReply> {
-        let mut out = Vec::new();
-        protocol::encode_hello(&mut out, 1, token);
-        self.send(&out);
-        let (ok, payload) = self.reply();
-        if ok {
-            Ok(HelloReply::decode(&payload).unwrap())
-        } else {
-            Err(ErrorReply::decode(&payload).unwrap())
-        }
-    }
-    fn reply(&mut self) -> (bool, Vec<u8>) {
-        let mut head = [0u8; protocol::RESPONSE_HEAD_BYTES];
-        self.0.read_exact(&mut head).unwrap();
-        let head = protocol::decode_response_head(&head, u32::MAX).unwrap();
-        let mut payload = vec![0u8; head.payload_len + head.padding];
-        self.0.read_exact(&mut payload).unwrap();
-        payload.truncate(head.payload_len);
-        (head.ok, payload)
-    }
-    fn error(&mut self) -> ErrorReply {
-        let (ok, payload) = self.reply();
-        assert!(!ok, "expected an error reply");
-        ErrorReply::decode(&payload).unwrap()
-    }
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.0.read(&mut b), Ok(0) | Err(_))
-    }
 }
 
 /// Retries `f` until it succeeds or 10 s pass (for slots that free up asynchronously).
@@ -119,8 +77,14 @@ fn region_tokens_keep_applications_apart() {
     beta.write(0, &b).unwrap();
     // Neither can reach past its end, into the other's bytes.
     for c in [&alpha, &beta] {
-        assert!(c.read(256 * KIB, &mut [0u8; 1]).unwrap_err().is_out_of_range());
-        assert!(c.write(256 * KIB - 4, &[9u8; 8]).unwrap_err().is_out_of_range());
+        assert!(c
+            .read(256 * KIB, &mut [0u8; 1])
+            .unwrap_err()
+            .is_out_of_range());
+        assert!(c
+            .write(256 * KIB - 4, &[9u8; 8])
+            .unwrap_err()
+            .is_out_of_range());
     }
     let mut back = vec![0u8; a.len()];
     alpha.read(0, &mut back).unwrap();
@@ -203,7 +167,10 @@ fn without_the_right_token_nothing_is_read_or_written() {
     }
     // Requests without a hello, or after a refused one, are not served either.
     let mut r = Raw::connect(addr);
-    assert_eq!(r.hello(b"nope").unwrap_err().code, ErrorCode::Unauthenticated);
+    assert_eq!(
+        r.hello(b"nope").unwrap_err().code,
+        ErrorCode::Unauthenticated
+    );
     assert!(r.closed());
     let mut r = Raw::connect(addr);
     let mut out = Vec::new();
@@ -223,8 +190,14 @@ fn bad_region_configurations_are_refused() {
     assert!(RegionGrant::parse("a:x:1K:t").is_err());
     assert!(RegionGrant::parse("a:0:-1:t").is_err());
     let g = RegionGrant::parse("a:1M:2K:t:with:colons").unwrap();
-    assert_eq!((g.offset, g.len, g.token.as_str()), (1 << 20, 2048, "t:with:colons"));
-    assert!(!format!("{g:?}").contains("colons"), "Debug must not print tokens");
+    assert_eq!(
+        (g.offset, g.len, g.token.as_str()),
+        (1 << 20, 2048, "t:with:colons")
+    );
+    assert!(
+        !format!("{g:?}").contains("colons"),
+        "Debug must not print tokens"
+    );
     let grant = |name: &str, offset: u64, len: u64, token: &str| RegionGrant {
         name: name.into(),
         offset,
@@ -248,7 +221,10 @@ fn bad_region_configurations_are_refused() {
             ..ServerConfig::default()
         };
         let r = MemoryServer::start("127.0.0.1:0", 64 * KIB, config);
-        assert!(matches!(r, Err(Error::Server { .. })), "{regions:?} accepted");
+        assert!(
+            matches!(r, Err(Error::Server { .. })),
+            "{regions:?} accepted"
+        );
     }
 }
 
@@ -329,10 +305,12 @@ fn the_in_flight_budget_refuses_with_busy_and_recovers() {
     hog.send(&out);
     // Wait until the server has taken the hog's frame into its budget (the hog's
     // hello was answered, so its frame is the next thing the server reads).
-    let err = eventually("a busy refusal", || match c.read(0, &mut vec![0u8; 32 * 1024]) {
-        Err(e @ Error::Busy { .. }) => Ok(e),
-        Ok(()) => Err(Error::InvalidArgument("not busy yet".into())),
-        Err(e) => panic!("unexpected {e}"),
+    let err = eventually("a busy refusal", || {
+        match c.read(0, &mut vec![0u8; 32 * 1024]) {
+            Err(e @ Error::Busy { .. }) => Ok(e),
+            Ok(()) => Err(Error::InvalidArgument("not busy yet".into())),
+            Err(e) => panic!("unexpected {e}"),
+        }
     });
     assert!(err.to_string().contains("in flight"), "{err}");
     let err = c.write(0, &data).unwrap_err();

@@ -27,7 +27,12 @@ use scad_core::transport::LocalTransport;
 use scad_remote_array::{ArrayMeta, BufferPool, RemoteArray, RemoteStore};
 
 /// Names of the targets, as in `fuzz/Cargo.toml` and `fuzz/regressions/`.
-pub const TARGETS: [&str; 4] = ["protocol_decode", "durl_parse", "rdma_exchange", "array_meta"];
+pub const TARGETS: [&str; 4] = [
+    "protocol_decode",
+    "durl_parse",
+    "rdma_exchange",
+    "array_meta",
+];
 
 /// Runs the harness of target `name` on `data`; false for an unknown name.
 pub fn run(name: &str, data: &[u8]) -> bool {
@@ -88,12 +93,10 @@ pub fn protocol_decode(data: &[u8]) {
         let mut out = Vec::new();
         reply.encode(&mut out, 9);
         assert_eq!(out.len() % protocol::RESPONSE_ALIGN, 0);
-        let head = protocol::decode_response_head(
-            out[..protocol::RESPONSE_HEAD_BYTES]
-                .try_into()
-                .unwrap_or([0; protocol::RESPONSE_HEAD_BYTES]),
-            protocol::DEFAULT_MAX_FRAME,
-        );
+        let Some(head) = out.first_chunk::<{ protocol::RESPONSE_HEAD_BYTES }>() else {
+            panic!("an encoded error reply of {} bytes has no head", out.len());
+        };
+        let head = protocol::decode_response_head(head, protocol::DEFAULT_MAX_FRAME);
         let head = match head {
             Ok(h) => h,
             Err(e) => panic!("an encoded error reply has a bad head: {e}"),
@@ -187,7 +190,7 @@ fn store() -> &'static Arc<RemoteStore> {
 /// Bytes of metadata small enough to materialize in a fuzz run.
 const MATERIALIZE_LIMIT: u64 = 64 * 1024;
 
-fn open_as<T: bytemuck::Pod, D: ndarray::Dimension>(meta: &ArrayMeta) {
+fn open_as<T: bytemuck::Pod + Send + Sync, D: ndarray::Dimension>(meta: &ArrayMeta) {
     let Ok(array) = RemoteArray::<T, D>::from_meta(store(), meta) else {
         return;
     };
@@ -224,7 +227,12 @@ pub fn array_meta(data: &[u8]) {
         Ok(Err(e)) | Err(e) => panic!("validated metadata does not round-trip: {e}"),
     }
     let rows = meta.shape[0];
-    for range in [0..rows, rows / 2..rows, 0..rows / 2, rows / 3..rows - rows / 3] {
+    for range in [
+        0..rows,
+        rows / 2..rows,
+        0..rows / 2,
+        rows / 3..rows - rows / 3,
+    ] {
         match meta.slice_rows(range.clone()) {
             Ok(part) => {
                 assert_eq!(part.shape[0], range.len());

@@ -4,63 +4,18 @@
 //! Every acknowledged write must be readable afterwards; nothing may hang.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use std::io::Write;
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::Server;
 use scad_core::protocol;
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::{Error, Transport};
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(port: u16, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_memory_server"))
-            .args([&port.to_string(), "tcp", "--bind", "127.0.0.1", "--size", "64M"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-
-    fn port(&self) -> u16 {
-        self.addr.rsplit(':').next().unwrap().parse().unwrap()
-    }
-
-    fn kill9(&mut self) {
-        let ok = Command::new("kill")
-            .args(["-9", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn options() -> TcpOptions {
     TcpOptions {
@@ -93,7 +48,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
 
 #[test]
 fn kill_9_mid_transfer_fails_the_client_and_a_restart_serves_again() {
-    let mut server = Server::start(0, &[]);
+    let mut server = Server::start(0, "64M", &[]);
     let port = server.port();
     let addr = server.addr.clone();
     let started = std::sync::Arc::new(AtomicBool::new(false));
@@ -136,7 +91,7 @@ fn kill_9_mid_transfer_fails_the_client_and_a_restart_serves_again() {
     );
     // Memory elements are volatile: a restarted server starts empty, and the same
     // transport reaches it on its next call.
-    let _again = Server::start(port, &[]);
+    let _again = Server::start(port, "64M", &[]);
     let mut back = vec![1u8; 4096];
     within(Duration::from_secs(30), move || {
         client.read(0, &mut back).unwrap();
@@ -189,6 +144,7 @@ fn hostile(addr: &str, kind: Hostile) -> Option<TcpStream> {
 fn hostile_clients_at_the_connection_limit_lose_no_acknowledged_write() {
     let server = Server::start(
         0,
+        "64M",
         &[
             "--max-connections",
             "8",

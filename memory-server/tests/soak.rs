@@ -3,8 +3,11 @@
 //! its refusal of non-loopback servers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Command;
+
+use common::Server;
 
 fn soak(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_scad-soak"))
@@ -12,8 +15,8 @@ fn soak(args: &[&str]) -> (bool, String) {
         .env("RUST_BACKTRACE", "0")
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -42,28 +45,26 @@ fn a_short_soak_has_no_errors_or_mismatches() {
     assert_eq!(line["mismatches"], 0);
     assert_eq!(line["errors"], 0);
     assert!(line["ops"].as_u64().unwrap() > 0);
-    assert!(std::fs::read_to_string(&md).unwrap().contains("| 3 clients |"));
+    assert!(std::fs::read_to_string(&md)
+        .unwrap()
+        .contains("| 3 clients |"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_soak_against_a_server_process() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memory_server"))
-        .args(["0", "tcp", "--bind", "127.0.0.1", "--size", "16M"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap().to_owned();
+    let server = Server::start(0, "16M", &[]);
     let (ok, text) = soak(&[
-        "--clients", "2", "--seconds", "1", "--max-ops", "200", "--server", &addr,
+        "--clients",
+        "2",
+        "--seconds",
+        "1",
+        "--max-ops",
+        "200",
+        "--server",
+        &server.addr,
     ]);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
     assert!(ok, "{text}");
     assert!(text.contains("errors 0, checksum mismatches 0"), "{text}");
 }

@@ -10,7 +10,9 @@ mod harness;
 use std::path::Path;
 
 fn replay(dir: &str) -> usize {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz").join(dir);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz")
+        .join(dir);
     let mut count = 0;
     for target in harness::TARGETS {
         let Ok(entries) = std::fs::read_dir(root.join(target)) else {
@@ -18,7 +20,10 @@ fn replay(dir: &str) -> usize {
         };
         for entry in entries {
             let path = entry.unwrap().path();
-            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            if path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            {
                 continue;
             }
             let data = std::fs::read(&path).unwrap();

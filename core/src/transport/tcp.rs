@@ -283,7 +283,9 @@ impl TcpTransport {
     /// every request and every read reply fits one frame whatever the mix of sizes.
     fn plan(&self, hello: &HelloReply, ops: impl Iterator<Item = (u64, usize)>) -> Vec<Frame> {
         // Room for the request header, the segment count and the reply head.
-        let cap = (hello.max_frame as usize).saturating_sub(1024).max(SEGMENT_BYTES + 1);
+        let cap = (hello.max_frame as usize)
+            .saturating_sub(1024)
+            .max(SEGMENT_BYTES + 1);
         let chunk = self.options.chunk.clamp(1, cap);
         let mut frames = Vec::new();
         let mut cur = Frame::default();

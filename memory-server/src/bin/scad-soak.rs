@@ -176,12 +176,7 @@ struct Client {
 }
 
 impl Client {
-    fn run(
-        mut self,
-        args: &Args,
-        deadline: Instant,
-        progress: &AtomicU64,
-    ) -> ClientResult {
+    fn run(mut self, args: &Args, deadline: Instant, progress: &AtomicU64) -> ClientResult {
         let mut r = ClientResult::default();
         let mut buf = vec![0u8; args.max_io.max(SLOT)];
         for _ in 0..args.max_ops {
@@ -275,7 +270,12 @@ fn record_is_whole(rec: &[u8]) -> bool {
     if rec.iter().all(|&b| b == 0) {
         return true;
     }
-    let word = |r: std::ops::Range<usize>| rec[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));
+    let word = |r: std::ops::Range<usize>| {
+        rec[r]
+            .iter()
+            .rev()
+            .fold(0u64, |a, &b| a << 8 | u64::from(b))
+    };
     let len = word(16..20) as usize;
     word(0..8) == RECORD_MAGIC
         && len <= SLOT - RECORD_HEAD
@@ -350,7 +350,10 @@ fn main() -> Result<()> {
                     .context("starting an embedded memory server")?;
                 embedded.push(s);
             }
-            embedded.iter().map(|s| s.local_addr().to_string()).collect()
+            embedded
+                .iter()
+                .map(|s| s.local_addr().to_string())
+                .collect()
         }
         Target::Tcp => args.servers.clone(),
     };
@@ -424,15 +427,19 @@ fn main() -> Result<()> {
     bar.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
 
-    let mut latencies: Vec<u32> = results.iter().flat_map(|r| r.latencies_us.iter().copied()).collect();
+    let mut latencies: Vec<u32> = results
+        .iter()
+        .flat_map(|r| r.latencies_us.iter().copied())
+        .collect();
     latencies.sort_unstable();
     let sum = |f: fn(&ClientResult) -> u64| results.iter().map(f).sum::<u64>();
     let (reads, writes) = (sum(|r| r.reads), sum(|r| r.writes));
     let bytes = sum(|r| r.bytes);
     let outcome = Outcome {
-        label: args.label.clone().unwrap_or_else(|| {
-            format!("{} clients", args.clients)
-        }),
+        label: args
+            .label
+            .clone()
+            .unwrap_or_else(|| format!("{} clients", args.clients)),
         transport: match args.transport {
             Target::Tcp if args.servers.is_empty() => "tcp (embedded)".into(),
             Target::Tcp => "tcp".into(),
