@@ -151,7 +151,7 @@ fn parse_url(value: &str) -> std::result::Result<HostPort, String> {
     }
     if host
         .chars()
-        .any(|c| c.is_whitespace() || c == '/' || c == '@')
+        .any(|c| c.is_whitespace() || matches!(c, '/' | '@' | '[' | ']'))
     {
         return Err(format!("invalid host {host:?}"));
     }
@@ -670,6 +670,13 @@ mod tests {
         assert_eq!(err("a b;rdma_local;size,1;").0, "a b");
         assert_eq!(err("a;rdma_shm;size,1;shm_id,a/b;").0, "shm_id,a/b");
         assert_eq!(err("a;rdma_uverbs;url,tcp://h:1;port,0;").0, "port,0");
+        // Found by fuzzing: a stray bracket made a host that printed as an
+        // unparsable url (`[Y::1]]`).
+        assert_eq!(
+            err("a;rdma_tcp;url,tcp://Y::1]:2333;").0,
+            "url,tcp://Y::1]:2333"
+        );
+        assert_eq!(err("a;rdma_tcp;url,tcp://[a[b]:1;").0, "url,tcp://[a[b]:1");
     }
 
     #[test]
