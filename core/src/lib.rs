@@ -39,6 +39,7 @@
 pub mod action;
 pub mod durl;
 pub mod error;
+mod listener;
 pub mod memory;
 pub mod protocol;
 #[cfg(feature = "rdma")]

@@ -8,12 +8,9 @@
 //! that disconnects mid-request changes nothing. [`MemoryServer::shutdown`] stops
 //! accepting, closes every connection and waits for every handler to finish.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
-};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -23,6 +20,7 @@ use subtle::ConstantTimeEq;
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
+use crate::listener::{self, Hub};
 use crate::memory::MemoryRegion;
 use crate::protocol::{
     self, ErrorCode, ErrorReply, HelloReply, Request, Segment, LEN_BYTES, REQUEST_HEADER,
@@ -199,8 +197,6 @@ pub struct ServerStats {
 
 #[derive(Debug, Default)]
 struct Counters {
-    connections: AtomicU64,
-    refused: AtomicU64,
     requests: AtomicU64,
     errors: AtomicU64,
     busy: AtomicU64,
@@ -208,24 +204,21 @@ struct Counters {
     bytes_written: AtomicU64,
 }
 
-#[derive(Debug, Default)]
-struct Live {
-    streams: HashMap<u64, TcpStream>,
-    handlers: Vec<JoinHandle<()>>,
-}
-
 #[derive(Debug)]
 struct Shared {
     region: Arc<MemoryRegion>,
     config: ServerConfig,
     budget: Budget,
-    addr: SocketAddr,
-    stopping: AtomicBool,
-    active: AtomicUsize,
-    live: Mutex<Live>,
-    stopped: Mutex<bool>,
-    stopped_cv: Condvar,
+    hub: Arc<Hub>,
     counters: Counters,
+}
+
+impl Shared {
+    fn begin_shutdown(&self) {
+        // Requests waiting for budget give up at once rather than after their wait.
+        self.budget.close();
+        self.hub.begin_shutdown();
+    }
 }
 
 /// A running memory server. Dropping it shuts it down.
@@ -244,7 +237,7 @@ pub struct ShutdownHandle {
 impl ShutdownHandle {
     /// Asks the server to stop; returns at once.
     pub fn shutdown(&self) {
-        begin_shutdown(&self.shared);
+        self.shared.begin_shutdown();
     }
 }
 
@@ -254,7 +247,7 @@ impl MemoryServer {
     ///
     /// # Errors
     /// [`Error::Alloc`] if the region cannot be allocated, [`Error::Server`] if the
-    /// address cannot be bound.
+    /// address cannot be bound or the config is invalid.
     pub fn start(addr: &str, size: u64, config: ServerConfig) -> Result<Self> {
         Self::serve_region(addr, Arc::new(MemoryRegion::new(size)?), config)
     }
@@ -268,47 +261,35 @@ impl MemoryServer {
         region: Arc<MemoryRegion>,
         config: ServerConfig,
     ) -> Result<Self> {
-        let server_err = |reason: &str, source: Option<io::Error>| Error::Server {
+        let invalid = |reason: String| Error::Server {
             addr: addr.to_owned(),
-            reason: reason.to_owned(),
-            source,
+            reason,
+            source: None,
         };
         if config.max_frame < protocol::MIN_MAX_FRAME {
-            return Err(server_err(
-                &format!("max_frame must be at least {}", protocol::MIN_MAX_FRAME),
-                None,
-            ));
+            return Err(invalid(format!(
+                "max_frame must be at least {}",
+                protocol::MIN_MAX_FRAME
+            )));
         }
         if config.max_connections == 0 {
-            return Err(server_err("max_connections must be at least 1", None));
+            return Err(invalid("max_connections must be at least 1".into()));
         }
         if config.max_in_flight < u64::from(config.max_frame) {
-            return Err(server_err(
-                &format!(
-                    "max_in_flight ({}) must be at least max_frame ({}), or no full frame could be served",
-                    config.max_in_flight, config.max_frame
-                ),
-                None,
-            ));
+            return Err(invalid(format!(
+                "max_in_flight ({}) must be at least max_frame ({}), or no full frame could be served",
+                config.max_in_flight, config.max_frame
+            )));
         }
         if config.request_timeout == Some(Duration::ZERO)
             || config.idle_timeout == Some(Duration::ZERO)
         {
-            return Err(server_err(
-                "timeouts must be longer than zero (or None)",
-                None,
+            return Err(invalid(
+                "timeouts must be longer than zero (or None)".into(),
             ));
         }
-        check_regions(&config, region.size()).map_err(|reason| server_err(&reason, None))?;
-        let addrs: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| server_err("cannot resolve", Some(e)))?
-            .collect();
-        let listener =
-            TcpListener::bind(&addrs[..]).map_err(|e| server_err("cannot bind", Some(e)))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| server_err("cannot read the bound address", Some(e)))?;
+        check_regions(&config, region.size()).map_err(invalid)?;
+        let (listener, local) = listener::bind(addr)?;
         info!(
             addr = %local,
             size = region.size(),
@@ -322,20 +303,33 @@ impl MemoryServer {
         let shared = Arc::new(Shared {
             region,
             budget: Budget::new(config.max_in_flight),
+            hub: Arc::new(Hub::new(local, config.max_connections)),
             config,
-            addr: local,
-            stopping: AtomicBool::new(false),
-            active: AtomicUsize::new(0),
-            live: Mutex::new(Live::default()),
-            stopped: Mutex::new(false),
-            stopped_cv: Condvar::new(),
             counters: Counters::default(),
         });
-        let accept_shared = Arc::clone(&shared);
-        let acceptor = std::thread::Builder::new()
-            .name(format!("scad-accept-{}", local.port()))
-            .spawn(move || accept_loop(&accept_shared, &listener))
-            .map_err(|e| server_err("cannot spawn the accept thread", Some(e)))?;
+        let conn_shared = Arc::clone(&shared);
+        let acceptor = listener::spawn_acceptor(
+            Arc::clone(&shared.hub),
+            listener,
+            "scad",
+            |stream, _peer, limit| {
+                let mut out = Vec::new();
+                ErrorReply::new(
+                    ErrorCode::Busy,
+                    format!("server is at its limit of {limit} connections"),
+                )
+                .encode(&mut out, 0);
+                let _ = stream.write_all(&out);
+                linger(stream);
+            },
+            move |stream, peer| {
+                debug!(%peer, "client connected");
+                match serve_connection(&conn_shared, stream) {
+                    Ok(()) => debug!(%peer, "client disconnected"),
+                    Err(e) => info!(%peer, error = %e, "connection closed"),
+                }
+            },
+        )?;
         Ok(MemoryServer {
             shared,
             acceptor: Some(acceptor),
@@ -344,16 +338,12 @@ impl MemoryServer {
 
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.addr
+        self.shared.hub.addr()
     }
 
     /// A `tcp://HOST:PORT` url clients on this host can connect to.
     pub fn url(&self) -> String {
-        let addr = connectable(self.shared.addr);
-        match addr.ip() {
-            IpAddr::V6(ip) => format!("tcp://[{ip}]:{}", addr.port()),
-            IpAddr::V4(ip) => format!("tcp://{ip}:{}", addr.port()),
-        }
+        listener::url(self.shared.hub.addr())
     }
 
     /// The served region.
@@ -363,15 +353,15 @@ impl MemoryServer {
 
     /// Connections being served right now.
     pub fn active_connections(&self) -> usize {
-        self.shared.active.load(Ordering::Relaxed)
+        self.shared.hub.active()
     }
 
     /// Counters so far.
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.counters;
         ServerStats {
-            connections: c.connections.load(Ordering::Relaxed),
-            refused: c.refused.load(Ordering::Relaxed),
+            connections: self.shared.hub.accepted(),
+            refused: self.shared.hub.refused(),
             requests: c.requests.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             busy: c.busy.load(Ordering::Relaxed),
@@ -389,49 +379,19 @@ impl MemoryServer {
 
     /// Blocks until some [`ShutdownHandle`] stops the server, then finishes shutting down.
     pub fn wait(mut self) {
-        {
-            let mut stopped = self
-                .shared
-                .stopped
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            while !*stopped {
-                stopped = self
-                    .shared
-                    .stopped_cv
-                    .wait(stopped)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-        }
+        self.shared.hub.wait_stopped();
         self.finish();
     }
 
     /// Stops accepting, closes every connection and waits for all handlers to end.
     pub fn shutdown(mut self) {
-        begin_shutdown(&self.shared);
         self.finish();
     }
 
     fn finish(&mut self) {
-        begin_shutdown(&self.shared);
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-        let handlers = {
-            let mut live = self
-                .shared
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            for stream in live.streams.values() {
-                let _ = stream.shutdown(Shutdown::Both);
-            }
-            std::mem::take(&mut live.handlers)
-        };
-        for h in handlers {
-            let _ = h.join();
-        }
-        info!(addr = %self.shared.addr, "memory server stopped");
+        self.shared.begin_shutdown();
+        self.shared.hub.finish(self.acceptor.take());
+        info!(addr = %self.shared.hub.addr(), "memory server stopped");
     }
 }
 
@@ -439,104 +399,6 @@ impl Drop for MemoryServer {
     fn drop(&mut self) {
         if self.acceptor.is_some() {
             self.finish();
-        }
-    }
-}
-
-/// Where to connect to reach a listener bound to `addr` (wildcards become loopback).
-fn connectable(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
-        }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
-        }
-        _ => addr,
-    }
-}
-
-fn begin_shutdown(shared: &Arc<Shared>) {
-    if shared.stopping.swap(true, Ordering::SeqCst) {
-        return;
-    }
-    shared.budget.close();
-    // Wake the blocking accept with a connection of our own.
-    let _ = TcpStream::connect_timeout(&connectable(shared.addr), Duration::from_secs(1));
-    let mut stopped = shared
-        .stopped
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    *stopped = true;
-    shared.stopped_cv.notify_all();
-}
-
-fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
-    let mut next_id = 0u64;
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            break;
-        }
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "accept failed");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections {
-            shared.counters.refused.fetch_add(1, Ordering::Relaxed);
-            warn!(%peer, limit = shared.config.max_connections, "connection refused: at the connection limit");
-            let mut out = Vec::new();
-            ErrorReply::new(
-                ErrorCode::Busy,
-                format!(
-                    "server is at its limit of {} connections",
-                    shared.config.max_connections
-                ),
-            )
-            .encode(&mut out, 0);
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = stream.write_all(&out);
-            continue;
-        }
-        next_id += 1;
-        let id = next_id;
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        shared.counters.connections.fetch_add(1, Ordering::Relaxed);
-        let mut live = shared.live.lock().unwrap_or_else(PoisonError::into_inner);
-        live.handlers.retain(|h| !h.is_finished());
-        if let Ok(clone) = stream.try_clone() {
-            live.streams.insert(id, clone);
-        }
-        let conn_shared = Arc::clone(shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("scad-conn-{id}"))
-            .spawn(move || {
-                debug!(%peer, "client connected");
-                match serve_connection(&conn_shared, stream) {
-                    Ok(()) => debug!(%peer, "client disconnected"),
-                    Err(e) => info!(%peer, error = %e, "connection closed"),
-                }
-                conn_shared
-                    .live
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .streams
-                    .remove(&id);
-                conn_shared.active.fetch_sub(1, Ordering::SeqCst);
-            });
-        match spawned {
-            Ok(h) => live.handlers.push(h),
-            Err(e) => {
-                warn!(error = %e, "cannot spawn a connection thread");
-                live.streams.remove(&id);
-                shared.active.fetch_sub(1, Ordering::SeqCst);
-            }
         }
     }
 }
@@ -839,7 +701,7 @@ fn serve_connection(shared: &Shared, stream: TcpStream) -> std::result::Result<(
         if !conn.wait_for_frame()? {
             return Ok(());
         }
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.hub.is_stopping() {
             return Ok(());
         }
         conn.serve_frame()?;
