@@ -10,10 +10,9 @@
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{check_remote, Counters, ReadOp, Transport, TransportStats, WriteOp};
+use super::{check_ranges, ConnectionPool, Counters, ReadOp, Transport, TransportStats, WriteOp};
 use crate::error::{Error, Result};
 use crate::protocol::{
     self, ErrorCode, ErrorReply, HelloReply, ProtocolError, ResponseHead, Segment,
@@ -64,7 +63,7 @@ struct Connection {
 pub struct TcpTransport {
     addr: String,
     options: TcpOptions,
-    idle: Mutex<Vec<Connection>>,
+    pool: ConnectionPool<Connection>,
     size: AtomicU64,
     next_id: AtomicU64,
     counters: Counters,
@@ -90,8 +89,8 @@ impl TcpTransport {
     pub fn new(addr: &str, options: TcpOptions) -> Self {
         TcpTransport {
             addr: addr.to_owned(),
+            pool: ConnectionPool::new(options.pool_size),
             options,
-            idle: Mutex::new(Vec::new()),
             size: AtomicU64::new(u64::MAX),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
@@ -105,7 +104,7 @@ impl TcpTransport {
     pub fn connect(addr: &str, options: TcpOptions) -> Result<Self> {
         let t = Self::new(addr, options);
         let conn = t.open_connection()?;
-        t.checkin(conn);
+        t.pool.put(conn);
         Ok(t)
     }
 
@@ -256,26 +255,6 @@ impl TcpTransport {
             }));
         }
         Ok(head)
-    }
-
-    /// A connection from the pool (true) or a new one (false).
-    fn checkout(&self) -> Result<(Connection, bool)> {
-        let pooled = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        match pooled {
-            Some(c) => Ok((c, true)),
-            None => Ok((self.open_connection()?, false)),
-        }
-    }
-
-    fn checkin(&self, conn: Connection) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < self.options.pool_size {
-            idle.push(conn);
-        }
     }
 
     /// Splits `(len per op)` into frames whose data and segment descriptors together
@@ -429,29 +408,23 @@ impl TcpTransport {
         ranges: &[(u64, usize)],
         mut f: impl FnMut(&mut Connection) -> Result<T>,
     ) -> Result<T> {
-        let (mut conn, pooled) = self.checkout()?;
+        let (mut conn, pooled) = self.pool.take_or_open(|| self.open_connection())?;
         let mut retried = false;
         loop {
-            let size = conn.hello.size;
-            for &(addr, len) in ranges {
-                if let Err(e) = check_remote(op, addr, len as u64, size) {
-                    self.checkin(conn);
-                    return Err(e);
-                }
+            if let Err(e) = check_ranges(op, ranges, conn.hello.size) {
+                self.pool.put(conn);
+                return Err(e);
             }
             match f(&mut conn) {
                 Ok(v) => {
-                    self.checkin(conn);
+                    self.pool.put(conn);
                     return Ok(v);
                 }
                 Err(e) if pooled && !retried && is_stale_connection(&e) => {
                     tracing::debug!(peer = %self.addr, error = %e, "pooled connection was closed; retrying on a new one");
                     retried = true;
                     // Its pool-mates are probably as stale.
-                    self.idle
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clear();
+                    self.pool.clear();
                     conn = self.open_connection()?;
                 }
                 Err(e) => return Err(e),
