@@ -132,13 +132,38 @@ struct Outcome {
     p50_us: f64,
     p99_us: f64,
     max_us: f64,
+    #[serde(default)]
+    load_avg_1m: f64,
+    #[serde(default)]
+    cores: usize,
 }
 
-/// FNV-1a, 64 bits: the checksum of reads and records.
+/// The checksum of reads and records: FNV-1a-style over 8-byte words (then the tail
+/// bytes), so checking a 256 KiB read costs far less than moving it.
 fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let mut words = bytes.chunks_exact(8);
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ bytes.len() as u64;
+    for w in &mut words {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        h = (h ^ u64::from_le_bytes(word))
+            .wrapping_mul(PRIME)
+            .rotate_left(29);
+    }
+    for &b in words.remainder() {
+        h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+    }
+    h
+}
+
+/// The 1-minute load average at the start of the run (other work on the machine
+/// skews every figure), or 0 where `/proc/loadavg` is missing.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn fill_random(rng: &mut SmallRng, buf: &mut [u8]) {
@@ -161,7 +186,8 @@ struct ClientResult {
     errors: u64,
     mismatches: u64,
     first_error: Option<String>,
-    latencies_us: Vec<u32>,
+    /// Latency of every operation, in tenths of a microsecond.
+    latencies: Vec<u32>,
 }
 
 struct Client {
@@ -192,8 +218,9 @@ impl Client {
             } else {
                 self.own_op(write, args.max_io, &mut buf)
             };
-            let us = started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
-            r.latencies_us.push(us);
+            // Tenths of a microsecond: in-process operations take less than one.
+            let tenths = (started.elapsed().as_nanos() / 100).min(u128::from(u32::MAX)) as u32;
+            r.latencies.push(tenths);
             progress.fetch_add(1, Ordering::Relaxed);
             if write {
                 r.writes += 1;
@@ -283,12 +310,13 @@ fn record_is_whole(rec: &[u8]) -> bool {
         && rec[RECORD_HEAD + len..].iter().all(|&b| b == 0)
 }
 
+/// The `p` quantile of latencies in tenths of a microsecond, in microseconds.
 fn percentile(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    f64::from(sorted[i.min(sorted.len() - 1)])
+    f64::from(sorted[i.min(sorted.len() - 1)]) / 10.0
 }
 
 fn check_loopback(addr: &str) -> Result<()> {
@@ -398,6 +426,7 @@ fn main() -> Result<()> {
         });
     }
 
+    let load = load_average();
     let progress = AtomicU64::new(0);
     let bar = ProgressBar::new(args.seconds);
     bar.set_style(
@@ -429,7 +458,7 @@ fn main() -> Result<()> {
 
     let mut latencies: Vec<u32> = results
         .iter()
-        .flat_map(|r| r.latencies_us.iter().copied())
+        .flat_map(|r| r.latencies.iter().copied())
         .collect();
     latencies.sort_unstable();
     let sum = |f: fn(&ClientResult) -> u64| results.iter().map(f).sum::<u64>();
@@ -459,10 +488,12 @@ fn main() -> Result<()> {
         mib_per_s: bytes as f64 / elapsed / f64::from(1u32 << 20),
         p50_us: percentile(&latencies, 0.50),
         p99_us: percentile(&latencies, 0.99),
-        max_us: latencies.last().map_or(0.0, |&m| f64::from(m)),
+        max_us: latencies.last().map_or(0.0, |&m| f64::from(m) / 10.0),
+        load_avg_1m: load,
+        cores: std::thread::available_parallelism().map_or(0, usize::from),
     };
     println!(
-        "{}: {} clients on {} {} server(s), {:.1} s: {} ops ({} reads, {} writes, {} shared), {:.1} MiB/s, {:.0} ops/s, p50 {} µs, p99 {} µs, max {} µs, errors {}, checksum mismatches {}",
+        "{}: {} clients on {} {} server(s), {:.1} s: {} ops ({} reads, {} writes, {} shared), {:.1} MiB/s, {:.0} ops/s, p50 {:.1} µs, p99 {:.1} µs, max {:.0} µs, errors {}, checksum mismatches {}",
         outcome.label,
         outcome.clients,
         outcome.servers,
@@ -525,14 +556,16 @@ fn write_md(jsonl: &Path, md: &Path) -> Result<()> {
          random reads and writes of 1 B to 256 KiB in regions of their own (checked \
          against a local shadow copy) and 4 KiB self-checking records in a region all \
          share (checked for torn records). `local` runs the same mix against in-process \
-         memory: the no-network reference of the same machine and run.\n\n\
-         | run | transport | servers | clients | seconds | ops | MiB moved | ops/s | MiB/s | p50 µs | p99 µs | max µs | errors | mismatches |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         memory: the no-network reference of the same machine and run. `load` is the \
+         1-minute load average when the run started: other work on the machine skews \
+         the figures.\n\n\
+         | run | transport | servers | clients | seconds | ops | MiB moved | ops/s | MiB/s | p50 µs | p99 µs | max µs | errors | mismatches | cores | load |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in &rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.1} | {} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {} | {:.1} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {:.1} |",
             r.label,
             r.transport,
             r.servers,
@@ -546,7 +579,9 @@ fn write_md(jsonl: &Path, md: &Path) -> Result<()> {
             r.p99_us,
             r.max_us,
             r.errors,
-            r.mismatches
+            r.mismatches,
+            r.cores,
+            r.load_avg_1m
         );
     }
     std::fs::write(md, out).with_context(|| format!("writing {}", md.display()))
