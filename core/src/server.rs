@@ -51,7 +51,9 @@ pub struct ServerConfig {
     /// Configuring regions turns authentication on even without `token`.
     pub regions: Vec<RegionGrant>,
     /// Largest frame body accepted or sent. A connection handles one request at a
-    /// time, so this also bounds the bytes one connection has in flight.
+    /// time, so this also bounds the bytes one connection has in flight. Between
+    /// requests a connection keeps at most 2 MiB of receive buffer and 128 KiB of
+    /// socket buffers (a larger buffer grown for one frame is given back).
     pub max_frame: u32,
     /// Connections served at once; more are refused with a `Busy` error.
     pub max_connections: usize,
@@ -320,7 +322,8 @@ impl MemoryServer {
                 )
                 .encode(&mut out, 0);
                 let _ = stream.write_all(&out);
-                linger(stream);
+                // The accept thread must not wait on a client it refuses.
+                linger(stream, Duration::ZERO);
             },
             move |stream, peer| {
                 debug!(%peer, "client connected");
@@ -1025,28 +1028,34 @@ fn refuse(
         .get_ref()
         .set_write_timeout(Some(Duration::from_secs(1)));
     let _ = writer.write_all(&out).and_then(|()| writer.flush());
-    linger(writer.get_ref());
+    linger(writer.get_ref(), LINGER_TIME);
     Err(ConnError::Refused(message))
 }
 
 /// Bytes [`linger`] discards at most.
 const LINGER_BYTES: usize = 1 << 20;
-/// Time [`linger`] spends at most.
+/// Time a connection thread lingers at most after a refusal.
 const LINGER_TIME: Duration = Duration::from_millis(500);
 
 /// Closes our side gently: stop sending, then discard what the client still sends
-/// (the rest of a refused frame, pipelined requests) for a bounded time. Closing a
-/// socket with unread input makes the kernel reset the connection, and a reset can
-/// destroy the error reply before the client has read it.
-fn linger(stream: &TcpStream) {
+/// (the rest of a refused frame, pipelined requests) for up to `wait` (with no wait,
+/// only what has already arrived). Closing a socket with unread input makes the kernel
+/// reset the connection, and a reset can destroy the error reply before the client
+/// has read it.
+fn linger(stream: &TcpStream, wait: Duration) {
     let _ = stream.shutdown(Shutdown::Write);
-    let deadline = Instant::now() + LINGER_TIME;
+    let deadline = Instant::now() + wait;
+    if wait.is_zero() && stream.set_nonblocking(true).is_err() {
+        return;
+    }
     let mut sink = [0u8; 16 * 1024];
     let mut drained = 0;
     while drained < LINGER_BYTES {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            break;
+        if !wait.is_zero() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+                break;
+            }
         }
         match (&*stream).read(&mut sink) {
             Ok(0) | Err(_) => break,
