@@ -173,7 +173,8 @@ pub struct Params {
     pub shm_id: Option<String>,
     /// `url`: where the memory server listens (or where to listen).
     pub url: Option<HostPort>,
-    /// `token`: shared secret checked by the memory server.
+    /// `token`: shared secret checked by the memory server (a region's token opens
+    /// only that region of a tcp server, addressed from 0).
     pub token: Option<String>,
     /// `timeout_ms`: how long one remote operation may take before it fails.
     pub timeout: Option<Duration>,

@@ -1063,3 +1063,61 @@ fn linger(stream: &TcpStream, wait: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_waits_for_bytes_given_back() {
+        let budget = Budget::new(100);
+        let first = budget.take(80, Duration::ZERO).unwrap();
+        assert!(budget.take(30, Duration::from_millis(10)).is_none());
+        assert!(budget.take(20, Duration::ZERO).is_some());
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| budget.take(50, Duration::from_secs(30)).map(|g| g.bytes));
+            std::thread::sleep(Duration::from_millis(20));
+            drop(first);
+            assert_eq!(waiter.join().unwrap(), Some(50));
+        });
+        assert_eq!(budget.used.load(Ordering::SeqCst), 0);
+        // More than the whole budget never fits; zero always does.
+        assert!(budget.take(101, Duration::from_millis(5)).is_none());
+        assert!(budget.take(0, Duration::ZERO).is_some());
+    }
+
+    #[test]
+    fn closing_the_budget_releases_waiters() {
+        let budget = Budget::new(10);
+        let _all = budget.take(10, Duration::ZERO).unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| budget.take(5, Duration::from_secs(60)).is_none());
+            std::thread::sleep(Duration::from_millis(20));
+            budget.close();
+            assert!(waiter.join().unwrap(), "a closed budget grants nothing");
+        });
+    }
+
+    #[test]
+    fn byte_counts_take_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("3K"), Ok(3 << 10));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("K").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
+    }
+
+    #[test]
+    fn config_debug_hides_tokens() {
+        let config = ServerConfig {
+            token: Some("global-secret".into()),
+            regions: vec![RegionGrant::parse("a:0:1K:region-secret").unwrap()],
+            ..ServerConfig::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("max_in_flight"));
+    }
+}
