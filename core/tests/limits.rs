@@ -466,3 +466,42 @@ fn a_server_stalling_mid_reply_times_out() {
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     handle.join().unwrap();
 }
+
+#[test]
+fn inconsistent_limits_are_refused_at_start() {
+    for config in [
+        ServerConfig {
+            max_in_flight: 1024,
+            ..ServerConfig::default()
+        },
+        ServerConfig {
+            request_timeout: Some(Duration::ZERO),
+            ..ServerConfig::default()
+        },
+        ServerConfig {
+            idle_timeout: Some(Duration::ZERO),
+            ..ServerConfig::default()
+        },
+        ServerConfig {
+            token: Some("x".repeat(protocol::MAX_TOKEN + 1)),
+            ..ServerConfig::default()
+        },
+    ] {
+        let shown = format!("{config:?}");
+        assert!(
+            matches!(
+                MemoryServer::start("127.0.0.1:0", 4096, config),
+                Err(Error::Server { .. })
+            ),
+            "{shown} accepted"
+        );
+    }
+    // No timeouts at all is allowed (and waits forever).
+    let open = ServerConfig {
+        request_timeout: None,
+        idle_timeout: None,
+        ..ServerConfig::default()
+    };
+    let s = MemoryServer::start("127.0.0.1:0", 4096, open).unwrap();
+    connect(s.local_addr(), None).unwrap().write(0, b"ok").unwrap();
+}
