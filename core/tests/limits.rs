@@ -503,5 +503,100 @@ fn inconsistent_limits_are_refused_at_start() {
         ..ServerConfig::default()
     };
     let s = MemoryServer::start("127.0.0.1:0", 4096, open).unwrap();
-    connect(s.local_addr(), None).unwrap().write(0, b"ok").unwrap();
+    connect(s.local_addr(), None)
+        .unwrap()
+        .write(0, b"ok")
+        .unwrap();
+}
+
+/// One raw request of the model test.
+#[derive(Debug, Clone)]
+enum ModelOp {
+    Read(Vec<Segment>),
+    Write(Vec<Segment>, u8),
+}
+
+fn model_op() -> impl proptest::strategy::Strategy<Value = ModelOp> {
+    use proptest::prelude::*;
+    // Addresses reach past the 32 KiB region so some requests must be refused.
+    let segment = (0u64..40 * 1024, 0u32..9 * 1024).prop_map(|(addr, len)| Segment { addr, len });
+    let segments = proptest::collection::vec(segment, 1..4);
+    prop_oneof![
+        segments.clone().prop_map(ModelOp::Read),
+        (segments, any::<u8>()).prop_map(|(s, seed)| ModelOp::Write(s, seed)),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(24))]
+
+    /// Raw requests from a region's client against a model of its region: every reply
+    /// is what the model predicts, refused requests change nothing, and nothing
+    /// outside the region ever changes.
+    #[test]
+    fn a_region_behaves_like_its_model(ops in proptest::collection::vec(model_op(), 1..24)) {
+        const REGION: usize = 32 * 1024;
+        let config = ServerConfig {
+            token: Some("admin".into()),
+            regions: vec![RegionGrant::parse("r:16K:32K:t").unwrap()],
+            ..ServerConfig::default()
+        };
+        let s = MemoryServer::start("127.0.0.1:0", 64 * KIB, config).unwrap();
+        let mut r = Raw::connect(s.local_addr());
+        assert_eq!(r.hello(b"t").unwrap().size, REGION as u64);
+        let mut model = vec![0u8; REGION];
+        for (id, op) in ops.iter().enumerate() {
+            let id = id as u64 + 10;
+            let segments = match op {
+                ModelOp::Read(s) | ModelOp::Write(s, _) => s,
+            };
+            let fits = segments
+                .iter()
+                .all(|s| s.addr + u64::from(s.len) <= REGION as u64);
+            let mut out = Vec::new();
+            let mut data = Vec::new();
+            match op {
+                ModelOp::Read(segs) => protocol::encode_read(&mut out, id, segs),
+                ModelOp::Write(segs, seed) => {
+                    for s in segs {
+                        data.extend(pattern(s.len as usize, *seed ^ s.len as u8));
+                    }
+                    protocol::encode_write_head(&mut out, id, segs);
+                    out.extend_from_slice(&data);
+                }
+            }
+            r.send(&out);
+            let (ok, payload) = r.reply();
+            if !fits {
+                proptest::prop_assert!(!ok, "request {op:?} outside the region was served");
+                let e = protocol::ErrorReply::decode(&payload).unwrap();
+                proptest::prop_assert_eq!(e.code, ErrorCode::OutOfRange);
+                continue;
+            }
+            proptest::prop_assert!(ok, "request {:?} inside the region was refused", op);
+            match op {
+                ModelOp::Read(segs) => {
+                    let want: Vec<u8> = segs
+                        .iter()
+                        .flat_map(|s| model[s.addr as usize..][..s.len as usize].to_vec())
+                        .collect();
+                    proptest::prop_assert!(payload == want, "read {:?} differs from the model", segs);
+                }
+                ModelOp::Write(segs, _) => {
+                    let mut pos = 0;
+                    for s in segs {
+                        let len = s.len as usize;
+                        model[s.addr as usize..][..len].copy_from_slice(&data[pos..pos + len]);
+                        pos += len;
+                    }
+                }
+            }
+        }
+        let admin = connect(s.local_addr(), Some("admin")).unwrap();
+        let mut whole = vec![0u8; 64 * 1024];
+        admin.read(0, &mut whole).unwrap();
+        proptest::prop_assert!(whole[..16 * 1024].iter().all(|&b| b == 0), "bytes before the region changed");
+        proptest::prop_assert!(whole[16 * 1024 + REGION..].iter().all(|&b| b == 0), "bytes after the region changed");
+        proptest::prop_assert!(whole[16 * 1024..16 * 1024 + REGION] == model[..], "the region differs from the model");
+    }
 }
