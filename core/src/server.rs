@@ -3,10 +3,17 @@
 //! Each connection gets its own thread (blocking I/O has the lowest latency on
 //! loopback and a connection is long-lived); requests on a connection are handled in
 //! order, so a client may pipeline as many as it likes. A connection must open with a
-//! `HELLO` carrying the server's token, if it has one, before anything is served.
+//! `HELLO` carrying the server's token, if it has one, before anything is served; a
+//! region's token ([`RegionGrant`]) opens only that region, addressed from 0.
 //! Write requests are received whole before any byte of the region changes, so a client
 //! that disconnects mid-request changes nothing. [`MemoryServer::shutdown`] stops
 //! accepting, closes every connection and waits for every handler to finish.
+//!
+//! Every client is treated as possibly broken or hostile: connections, frame sizes,
+//! bytes in flight, idle time and the time a started frame may take are all limited
+//! ([`ServerConfig`] lists them with their defaults). A refusal is an error frame with
+//! an [`ErrorCode`] (request id 0 when it ends the connection unprompted), a `tracing`
+//! line, and, where the stream cannot be trusted any more, the end of the connection.
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
