@@ -132,9 +132,18 @@ impl EncodedColumn {
             series.to_arrow(0, CompatLevel::newest())
         };
         if dtype == ColumnType::String {
-            // Slices share their parent's data buffers; write only what the rows use.
+            // Slices and gathers share their parent's data buffers; when most of
+            // those bytes belong to other rows, write only what these rows use.
             if let Some(a) = array.as_any().downcast_ref::<Utf8ViewArray>() {
-                array = Box::new(a.clone().maybe_gc());
+                let used: usize = a
+                    .views()
+                    .iter()
+                    .filter(|v| v.length > View::MAX_INLINE_SIZE)
+                    .map(|v| v.length as usize)
+                    .sum();
+                if a.total_buffer_len() > used + used / 4 + 256 {
+                    array = Box::new(a.clone().gc());
+                }
             }
         }
         let null_count = if dtype == ColumnType::Null {

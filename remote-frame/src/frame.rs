@@ -366,6 +366,10 @@ pub struct FrameWriter {
     schema: Option<Vec<ColumnMeta>>,
     chunks: Vec<ChunkMeta>,
     rows: u64,
+    /// Small pushes gathered until they make a whole chunk (see
+    /// [`FrameWriter::coalescing`]), and their bytes counted as held.
+    pending: Option<(DataFrame, crate::env::Held)>,
+    coalesce: bool,
 }
 
 impl FrameWriter {
@@ -376,7 +380,17 @@ impl FrameWriter {
             schema: None,
             chunks: Vec::new(),
             rows: 0,
+            pending: None,
+            coalesce: false,
         }
+    }
+
+    /// Gathers pushes smaller than a chunk locally until they fill one, so a
+    /// selective filter does not leave many tiny chunks behind (the gathered rows
+    /// count against the budget).
+    pub fn coalescing(mut self) -> Self {
+        self.coalesce = true;
+        self
     }
 
     /// A writer for the given Polars schema (so an empty result keeps its columns).
@@ -389,9 +403,9 @@ impl FrameWriter {
         Ok(w)
     }
 
-    /// Rows written so far.
+    /// Rows pushed so far.
     pub fn rows(&self) -> u64 {
-        self.rows
+        self.rows + self.pending.as_ref().map_or(0, |(p, _)| p.height() as u64)
     }
 
     /// Appends `df`, cut into chunks of the env's chunk size.
@@ -405,6 +419,33 @@ impl FrameWriter {
             None => self.schema = Some(meta),
             Some(s) => check_same_schema(s, &meta)?,
         }
+        let step = self.env.chunk_rows();
+        if self.coalesce {
+            if df.height() == 0 {
+                return Ok(());
+            }
+            let gathered = match self.pending.take() {
+                Some((mut p, held)) => {
+                    p.vstack_mut(df)?;
+                    Some((p, held))
+                }
+                None if df.height() < step => Some((df.clone(), self.env.hold(0))),
+                None => None,
+            };
+            match gathered {
+                Some((p, mut held)) if p.height() < step => {
+                    held.set(p.estimated_size() as u64);
+                    self.pending = Some((p, held));
+                    return Ok(());
+                }
+                Some((p, _held)) => return self.write_rows(&p),
+                None => {}
+            }
+        }
+        self.write_rows(df)
+    }
+
+    fn write_rows(&mut self, df: &DataFrame) -> Result<()> {
         let step = self.env.chunk_rows();
         let mut off = 0;
         while off < df.height() {
@@ -476,7 +517,10 @@ impl FrameWriter {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if nothing was pushed and no schema was given.
-    pub fn finish(self) -> Result<RemoteFrame> {
+    pub fn finish(mut self) -> Result<RemoteFrame> {
+        if let Some((p, _held)) = self.pending.take() {
+            self.write_rows(&p)?;
+        }
         let schema = self.schema.ok_or_else(|| {
             Error::InvalidArgument("a frame writer finished without a schema or any data".into())
         })?;

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
 
 /// Deepest re-partitioning level before a kernel gives up.
-pub const MAX_LEVEL: u32 = 4;
+pub const MAX_LEVEL: u32 = 6;
 /// Most partitions one partitioning pass makes.
 pub const MAX_PARTITIONS: usize = 256;
 /// Largest batch a streaming kernel reads at once, whatever the budget.
@@ -91,9 +91,27 @@ fn roots(e: &[Expr]) -> Vec<String> {
     out
 }
 
-fn parts_for(need: u64, budget: u64) -> usize {
+/// Partitions for one pass: enough for each to fit the budget, but no more than
+/// keeps the pieces of one streamed batch at 64 rows or more on average (tiny
+/// pieces cost more in per-chunk overhead than another level of partitioning).
+fn parts_for(frame: &RemoteFrame, bytes: u64, need: u64, budget: u64, batch: u64) -> usize {
     let per = (budget / 10 * 8).max(1);
-    (need.div_ceil(per) as usize).clamp(2, MAX_PARTITIONS)
+    let wanted = need.div_ceil(per) as usize;
+    let row_bytes = (bytes / frame.rows().max(1) as u64).max(1);
+    let batch_rows = (batch / row_bytes).max(1) as usize;
+    wanted.min(batch_rows / 64).clamp(2, MAX_PARTITIONS)
+}
+
+fn print_key(df: &DataFrame, keys: &[String]) -> String {
+    keys.iter()
+        .map(|k| {
+            df.column(k)
+                .ok()
+                .and_then(|c| c.get(0).ok().map(|v| format!("{k}={v}")))
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn empty_of(frame: &RemoteFrame, cols: &[String]) -> DataFrame {
@@ -134,7 +152,7 @@ impl RemoteFrame {
         f: &dyn Fn(LazyFrame) -> LazyFrame,
     ) -> Result<RemoteFrame> {
         let env = self.env();
-        let mut w = FrameWriter::new(env);
+        let mut w = FrameWriter::new(env).coalescing();
         for b in self.batches(Some(cols), self.stream_bytes())? {
             let b = b?;
             let mut held = env.hold(est(&b));
@@ -301,7 +319,7 @@ impl RemoteFrame {
                 .unique(Some(sel), UniqueKeepStrategy::Any)
                 .collect()?)
         };
-        self.partitioned("distinct", &keys, &all, &f)
+        self.partitioned("distinct", &keys, &all, &f, true)
     }
 
     /// Groups by `keys` and evaluates the aggregations, e.g.
@@ -331,7 +349,7 @@ impl RemoteFrame {
         let f = move |df: DataFrame| -> Result<DataFrame> {
             Ok(df.lazy().group_by(exprs(&k2)).agg(aggs.clone()).collect()?)
         };
-        self.partitioned("group-by", &keys, &cols, &f)
+        self.partitioned("group-by", &keys, &cols, &f, false)
     }
 
     /// Runs `f` over the whole of `cols` if it fits the budget, else over hash
@@ -342,10 +360,18 @@ impl RemoteFrame {
         keys: &[String],
         cols: &[String],
         f: &dyn Fn(DataFrame) -> Result<DataFrame>,
+        streamable: bool,
     ) -> Result<RemoteFrame> {
         let env = self.env();
-        let mut w = FrameWriter::new(env);
-        self.partitioned_at(kernel, keys, cols, f, 0, String::new(), &mut w)?;
+        let mut w = FrameWriter::new(env).coalescing();
+        let job = Partitioned {
+            kernel,
+            keys,
+            cols,
+            f,
+            streamable,
+        };
+        job.run(self, 0, String::new(), None, &mut w)?;
         if w.rows() == 0 {
             let out = f(empty_of(self, cols))?;
             w.push(&out)?;
@@ -353,52 +379,9 @@ impl RemoteFrame {
         w.finish()
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn partitioned_at(
-        &self,
-        kernel: &'static str,
-        keys: &[String],
-        cols: &[String],
-        f: &dyn Fn(DataFrame) -> Result<DataFrame>,
-        level: u32,
-        path: String,
-        w: &mut FrameWriter,
-    ) -> Result<()> {
-        if self.rows() == 0 {
-            return Ok(());
-        }
-        let env = self.env();
-        let budget = self.env_budget();
-        let idx = self.column_indices(cols)?;
-        let bytes = self.meta().column_bytes(&idx);
-        let need = bytes.saturating_mul(2);
-        if need <= budget {
-            let df = self.read_chunks(&idx, 0..self.chunk_count())?;
-            let mut held = env.hold(est(&df));
-            let inb = est(&df);
-            let out = f(df)?;
-            held.set(inb + est(&out));
-            return w.push(&out);
-        }
-        if level > 0 {
-            self.check_skew(kernel, keys, bytes, level, &path)?;
-        }
-        if level >= MAX_LEVEL {
-            return Err(Error::BudgetExceeded {
-                what: format!("{kernel} partition {path} after {level} levels of partitioning"),
-                need,
-                budget,
-            });
-        }
-        let p = parts_for(need, budget);
-        let parts = self.partition(keys, cols, level, p)?;
-        run_parts(parts, |k, part| {
-            part.partitioned_at(kernel, keys, cols, f, level + 1, format!("{path}/{k}"), w)
-        })
-    }
-
     /// Fails with [`Error::Skew`] when the most frequent key of this (partition)
-    /// frame holds too much of the budget to be split by hashing.
+    /// frame holds too much of the budget to be split by hashing, or when the last
+    /// partitioning pass put every row of the parent here (all rows share one key).
     fn check_skew(
         &self,
         kernel: &'static str,
@@ -406,12 +389,9 @@ impl RemoteFrame {
         bytes: u64,
         level: u32,
         path: &str,
+        parent_rows: Option<usize>,
     ) -> Result<()> {
-        let Some((key, count)) = self.top_key(keys)? else {
-            return Ok(());
-        };
-        let key_bytes = bytes / self.rows().max(1) as u64 * count;
-        if key_bytes.saturating_mul(5) > self.env_budget().saturating_mul(2) {
+        if let Some((key, key_bytes)) = self.skewed_key(keys, bytes, parent_rows)? {
             return Err(Error::Skew {
                 kernel,
                 partition: if path.is_empty() { "/".into() } else { path.to_owned() },
@@ -424,14 +404,54 @@ impl RemoteFrame {
         Ok(())
     }
 
-    /// The most frequent key and its row count, if the key columns fit half the budget.
+    /// The key (printed) and its bytes if one key is too large to split by hashing.
+    fn skewed_key(
+        &self,
+        keys: &[String],
+        bytes: u64,
+        parent_rows: Option<usize>,
+    ) -> Result<Option<(String, u64)>> {
+        if parent_rows == Some(self.rows()) {
+            // Re-hashing with a new seed moved nothing: one key (or a hash collision).
+            return Ok(Some((self.first_key(keys)?, bytes)));
+        }
+        if let Some((key, count)) = self.top_key(keys)? {
+            let key_bytes = bytes / self.rows().max(1) as u64 * count;
+            if key_bytes.saturating_mul(5) > self.env_budget().saturating_mul(2) {
+                return Ok(Some((key, key_bytes)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The key of the first row, printed `k=v, ...`.
+    fn first_key(&self, keys: &[String]) -> Result<String> {
+        let idx = self.column_indices(keys)?;
+        let df = self.read_chunks(&idx, 0..self.chunk_count().min(1))?;
+        Ok(print_key(&df, keys))
+    }
+
+    /// The most frequent key in a sample (the first chunks, up to a third of the
+    /// budget) and its estimated row count in the whole frame.
     fn top_key(&self, keys: &[String]) -> Result<Option<(String, u64)>> {
         let idx = self.column_indices(keys)?;
-        if self.meta().column_bytes(&idx).saturating_mul(3) > self.env_budget() {
+        let limit = self.env_budget() / 3;
+        let mut end = 0;
+        let mut bytes = 0;
+        for c in &self.meta().chunks {
+            let b = crate::meta::chunk_column_bytes(c, &idx);
+            if end > 0 && bytes + b > limit {
+                break;
+            }
+            bytes += b;
+            end += 1;
+        }
+        let df = self.read_chunks(&idx, 0..end)?;
+        let _held = self.env().hold(2 * est(&df));
+        let sample_rows = df.height() as u64;
+        if sample_rows == 0 {
             return Ok(None);
         }
-        let df = self.read_chunks(&idx, 0..self.chunk_count())?;
-        let _held = self.env().hold(2 * est(&df));
         let top = df
             .lazy()
             .group_by(exprs(keys))
@@ -448,17 +468,8 @@ impl RemoteFrame {
             .u64()?
             .get(0)
             .unwrap_or(0);
-        let key = keys
-            .iter()
-            .map(|k| {
-                top.column(k)
-                    .ok()
-                    .and_then(|c| c.get(0).ok().map(|v| format!("{k}={v}")))
-                    .unwrap_or_default()
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        Ok(Some((key, count)))
+        let estimate = (count as u128 * self.rows() as u128 / sample_rows as u128) as u64;
+        Ok(Some((print_key(&top, keys), estimate)))
     }
 
     /// Hash-partitions columns `cols` by `keys` into `parts` new frames.
@@ -553,8 +564,8 @@ impl RemoteFrame {
         let right = other.with_env(self.env());
         let rcols = if how.keys_only() { rk.clone() } else { right.column_names() };
         let job = Join { lk, rk, rcols, how };
-        let mut w = FrameWriter::new(self.env());
-        job.run(self, &right, 0, String::new(), &mut w)?;
+        let mut w = FrameWriter::new(self.env()).coalescing();
+        job.run(self, &right, 0, String::new(), None, &mut w)?;
         if w.rows() == 0 {
             let out = job.join_dfs(
                 empty_of(self, &self.column_names()),
@@ -563,6 +574,84 @@ impl RemoteFrame {
             w.push(&out)?;
         }
         w.finish()
+    }
+}
+
+/// A kernel that hash partitioning makes exact: group-by and distinct.
+struct Partitioned<'a> {
+    kernel: &'static str,
+    keys: &'a [String],
+    cols: &'a [String],
+    f: &'a dyn Fn(DataFrame) -> Result<DataFrame>,
+    /// `f` may be applied to partial results again (distinct): try streaming first.
+    streamable: bool,
+}
+
+impl Partitioned<'_> {
+    fn run(
+        &self,
+        frame: &RemoteFrame,
+        level: u32,
+        path: String,
+        parent_rows: Option<usize>,
+        w: &mut FrameWriter,
+    ) -> Result<()> {
+        if frame.rows() == 0 {
+            return Ok(());
+        }
+        let env = frame.env();
+        let budget = env.budget();
+        let idx = frame.column_indices(self.cols)?;
+        let bytes = frame.meta().column_bytes(&idx);
+        let need = bytes.saturating_mul(2);
+        if need <= budget {
+            let df = frame.read_chunks(&idx, 0..frame.chunk_count())?;
+            let mut held = env.hold(est(&df));
+            let inb = est(&df);
+            let out = (self.f)(df)?;
+            held.set(inb + est(&out));
+            return w.push(&out);
+        }
+        if self.streamable {
+            if let Some(out) = self.stream(frame)? {
+                let _held = env.hold(est(&out));
+                return w.push(&out);
+            }
+        }
+        if level > 0 {
+            frame.check_skew(self.kernel, self.keys, bytes, level, &path, parent_rows)?;
+        }
+        if level >= MAX_LEVEL {
+            return Err(Error::BudgetExceeded {
+                what: format!("{} partition {path} after {level} levels of partitioning", self.kernel),
+                need,
+                budget,
+            });
+        }
+        let p = parts_for(frame, bytes, need, budget, frame.stream_bytes());
+        let parts = frame.partition(self.keys, self.cols, level, p)?;
+        let rows = frame.rows();
+        run_parts(parts, |k, part| {
+            self.run(part, level + 1, format!("{path}/{k}"), Some(rows), w)
+        })
+    }
+
+    /// Applies `f` batch by batch to the batch and the result so far, if the result
+    /// stays within 40% of the budget (`None` as soon as it does not).
+    fn stream(&self, frame: &RemoteFrame) -> Result<Option<DataFrame>> {
+        let env = frame.env();
+        let limit = env.budget() / 10 * 4;
+        let mut acc = empty_of(frame, self.cols);
+        let mut held = env.hold(0);
+        for b in frame.batches(Some(self.cols), (env.budget() / 5).clamp(1, STREAM_CAP))? {
+            let b = b?;
+            held.set(est(&acc) + 2 * est(&b));
+            acc = (self.f)(pl::concat([acc.lazy(), b.lazy()], pl::UnionArgs::default())?.collect()?)?;
+            if est(&acc) > limit {
+                return Ok(None);
+            }
+        }
+        Ok(Some(acc))
     }
 }
 
@@ -632,12 +721,14 @@ impl Join {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         left: &RemoteFrame,
         right: &RemoteFrame,
         level: u32,
         path: String,
+        parent_right_rows: Option<usize>,
         w: &mut FrameWriter,
     ) -> Result<()> {
         if left.rows() == 0 {
@@ -665,31 +756,25 @@ impl Join {
         if rb.saturating_mul(5) <= budget.saturating_mul(2) {
             return self.broadcast(left, self.read_right(right)?, w);
         }
-        if level > 0 {
-            if self.how.keys_only() {
-                // Distinct keys collapse any skew; if they fit, stream past them.
-                let idx = right.column_indices(&self.rk)?;
-                if right.meta().column_bytes(&idx).saturating_mul(3) <= budget {
-                    let r = self.read_right(right)?;
-                    if est(&r).saturating_mul(5) <= budget.saturating_mul(2) {
-                        return self.broadcast(left, r, w);
-                    }
-                }
-            } else if let Some((key, count)) = right.top_key(&self.rk)? {
-                let key_bytes = rb / right.rows().max(1) as u64 * count;
-                if key_bytes.saturating_mul(5) > budget.saturating_mul(2) {
-                    return match self.how {
-                        JoinType::Inner => self.nested_loop(left, right, w),
-                        _ => Err(Error::Skew {
-                            kernel: self.how.name(),
-                            partition: path,
-                            level,
-                            key,
-                            bytes: key_bytes,
-                            budget,
-                        }),
-                    };
-                }
+        if self.how.keys_only() {
+            // Semi and anti joins need only the distinct right keys, which collapse
+            // any skew; if they fit, stream the left side past them.
+            if let Some(r) = self.distinct_right_keys(right)? {
+                return self.broadcast(left, r, w);
+            }
+        } else if level > 0 {
+            if let Some((key, key_bytes)) = right.skewed_key(&self.rk, rb, parent_right_rows)? {
+                return match self.how {
+                    JoinType::Inner => self.nested_loop(left, right, w),
+                    _ => Err(Error::Skew {
+                        kernel: self.how.name(),
+                        partition: path,
+                        level,
+                        key,
+                        bytes: key_bytes,
+                        budget,
+                    }),
+                };
             }
         }
         if level >= MAX_LEVEL {
@@ -699,7 +784,9 @@ impl Join {
                 budget,
             });
         }
-        let p = parts_for(need, budget);
+        let batch = left.stream_bytes();
+        let p = parts_for(left, lb, need, budget, batch).min(parts_for(right, rb, need, budget, batch));
+        let p = p.max(2);
         let lparts = left.partition(&self.lk, &left.column_names(), level, p)?;
         let rparts = match right.partition(&self.rk, &self.rcols, level, p) {
             Ok(r) => r,
@@ -710,7 +797,31 @@ impl Join {
                 return Err(e);
             }
         };
-        run_pairs(lparts, rparts, |k, l, r| self.run(l, r, level + 1, format!("{path}/{k}"), w))
+        let rrows = right.rows();
+        run_pairs(lparts, rparts, |k, l, r| {
+            self.run(l, r, level + 1, format!("{path}/{k}"), Some(rrows), w)
+        })
+    }
+
+    /// The distinct right keys, gathered batch by batch, if they fit 40% of the
+    /// budget (`None` as soon as they do not).
+    fn distinct_right_keys(&self, right: &RemoteFrame) -> Result<Option<DataFrame>> {
+        let env = right.env();
+        let limit = env.budget() / 10 * 4;
+        let sel = || pl::cols(self.rk.iter().map(|s| PlSmallStr::from(s.as_str())).collect::<Vec<_>>());
+        let mut acc = empty_of(right, &self.rk);
+        let mut held = env.hold(0);
+        for b in right.batches(Some(&self.rk), (env.budget() / 5).clamp(1, STREAM_CAP))? {
+            let b = b?;
+            held.set(est(&acc) + 2 * est(&b));
+            acc = pl::concat([acc.lazy(), b.lazy()], pl::UnionArgs::default())?
+                .unique(Some(sel()), UniqueKeepStrategy::Any)
+                .collect()?;
+            if est(&acc) > limit {
+                return Ok(None);
+            }
+        }
+        Ok(Some(acc))
     }
 
     /// The right side fits: stream the left side past it.

@@ -65,9 +65,9 @@ fn joins_match_polars_on_awkward_tables() {
 fn joins_at_100_25_and_5_percent_budgets_match_and_stay_under_budget() {
     for backend in [Backend::Tcp, Backend::Local] {
         let e = env(backend, 128 << 20);
-        let base = e.env.with_chunk_rows(32);
-        let l = fact(21, 6000, 4000);
-        let r = dim(22, 4000, 4000);
+        let base = e.env.with_chunk_rows(256);
+        let l = fact(21, 30_000, 20_000).select(["k1", "k2", "qty", "name"]).unwrap();
+        let r = dim(22, 20_000, 20_000);
         let lf = RemoteFrame::from_polars(&base, &l).unwrap();
         let rf = RemoteFrame::from_polars(&base, &r).unwrap();
         let build = rf.data_bytes();
@@ -128,7 +128,7 @@ fn skewed_keys_use_a_nested_loop_or_name_the_key() {
 fn group_by_and_distinct_match_polars_at_all_budgets() {
     let e = env(Backend::Tcp, 128 << 20);
     let base = e.env.with_chunk_rows(64);
-    let df = fact(41, 5000, 2000);
+    let df = fact(41, 20_000, 8000);
     let frame = RemoteFrame::from_polars(&base, &df).unwrap();
     let aggs = || {
         [
@@ -204,9 +204,9 @@ fn filter_project_sort_limit_match_polars() {
     assert_eq!(got.width(), df.width() + 1);
 
     let opts = SortMultipleOptions::default().with_order_descending_multi([true, false]).with_nulls_last(true);
-    let small = f.filter(col("k1").lt(lit(20))).unwrap();
+    let small = f.filter(col("k1").lt(lit(5))).unwrap();
     let got = small.sort(&["k2", "qty"], opts.clone()).unwrap().to_polars().unwrap();
-    let want = df.clone().lazy().filter(col("k1").lt(lit(20))).sort(["k2", "qty"], opts.clone()).collect().unwrap();
+    let want = df.clone().lazy().filter(col("k1").lt(lit(5))).sort(["k2", "qty"], opts.clone()).collect().unwrap();
     assert!(
         got.select(["k2", "qty"]).unwrap().equals_missing(&want.select(["k2", "qty"]).unwrap()),
         "sort order"
