@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
 
 /// Deepest re-partitioning level before a kernel gives up.
-pub const MAX_LEVEL: u32 = 6;
+pub const MAX_LEVEL: u32 = 8;
 /// Most partitions one partitioning pass makes.
 pub const MAX_PARTITIONS: usize = 256;
 /// Largest batch a streaming kernel reads at once, whatever the budget.
@@ -92,14 +92,14 @@ fn roots(e: &[Expr]) -> Vec<String> {
 }
 
 /// Partitions for one pass: enough for each to fit the budget, but no more than
-/// keeps the pieces of one streamed batch at 64 rows or more on average (tiny
+/// keeps the pieces of one streamed batch at 16 rows or more on average (tiny
 /// pieces cost more in per-chunk overhead than another level of partitioning).
 fn parts_for(frame: &RemoteFrame, bytes: u64, need: u64, budget: u64, batch: u64) -> usize {
     let per = (budget / 10 * 8).max(1);
     let wanted = need.div_ceil(per) as usize;
     let row_bytes = (bytes / frame.rows().max(1) as u64).max(1);
     let batch_rows = (batch / row_bytes).max(1) as usize;
-    wanted.min(batch_rows / 64).clamp(2, MAX_PARTITIONS)
+    wanted.min(batch_rows / 16).clamp(2, MAX_PARTITIONS)
 }
 
 fn print_key(df: &DataFrame, keys: &[String]) -> String {
