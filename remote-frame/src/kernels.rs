@@ -798,10 +798,16 @@ impl Join {
             lb.saturating_add(rb).saturating_mul(2)
         };
         if need <= budget {
-            let l = left.to_polars()?;
-            let mut held = env.hold(est(&l));
-            let r = self.read_right(right)?;
-            held.set(est(&l) + est(&r));
+            // Both sides at once: their transfers overlap.
+            let (l, r) = std::thread::scope(|s| {
+                let r = s.spawn(|| self.read_right(right));
+                let l = left.to_polars();
+                let r = r.join().unwrap_or_else(|_| {
+                    Err(Error::InvalidArgument("a read thread panicked".into()))
+                });
+                Ok::<_, Error>((l?, r?))
+            })?;
+            let mut held = env.hold(est(&l) + est(&r));
             let base = est(&l) + est(&r);
             let out = self.join_dfs(l, r)?;
             held.set(base + est(&out));
