@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Scad needs on a fresh Debian machine:
 # the RDMA and clang development packages (for the `rdma` feature) and redis-server
-# (a baseline and a backend). Safe to run again: it installs only what is missing.
+# (a baseline and a backend), and the Python virtual environment `.venv` with the
+# packages of the Python tools. Safe to run again: it installs only what is missing.
 set -euo pipefail
 
 packages=(pkg-config libibverbs-dev librdmacm-dev libclang-dev redis-server fonts-dejavu-core)
@@ -32,4 +33,4 @@ if [ ! -x .venv/bin/python ]; then
         exit 1
     fi
 fi
-.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt
+.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt -r tpcds/requirements.txt
