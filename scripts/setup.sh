@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Scad needs on a fresh Debian machine:
 # the RDMA and clang development packages (for the `rdma` feature) and redis-server
-# (a baseline and a backend). Safe to run again: it installs only what is missing.
+# (a baseline and a backend), and the Python virtual environment `.venv` with the
+# packages of the Python tools. Safe to run again: it installs only what is missing.
 set -euo pipefail
 
 packages=(pkg-config libibverbs-dev librdmacm-dev libclang-dev redis-server fonts-dejavu-core)
@@ -21,3 +22,14 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo not found; install the Rust toolchain (rustup) first" >&2
     exit 1
 fi
+
+# Python tools run in the repository's virtual environment `.venv`.
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv" >&2
+    if ! python3 -m venv .venv; then
+        echo "setup: python3 -m venv failed; install python3-venv (apt-get install python3-venv)" >&2
+        exit 1
+    fi
+fi
+.venv/bin/pip install -q -r tpcds/requirements.txt
