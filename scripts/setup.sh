@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Scad needs on a fresh Debian machine:
 # the RDMA and clang development packages (for the `rdma` feature) and redis-server
-# (a baseline and a backend). Safe to run again: it installs only what is missing.
+# (a baseline and a backend), and the Python virtual environment `.venv` with the
+# packages of the Python tools. Safe to run again: it installs only what is missing.
 set -euo pipefail
 
 packages=(pkg-config libibverbs-dev librdmacm-dev libclang-dev redis-server fonts-dejavu-core)
@@ -22,12 +23,15 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
-# Python: a virtual environment at .venv with the development requirements and the scad
-# wheel built from py/ (release build of the native module, installed into .venv).
+# Python: a virtual environment at .venv with the development requirements, the TPC-DS
+# generator's packages and the scad wheel built from py/ (release build, installed into .venv).
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating the Python virtual environment .venv" >&2
-    python3 -m venv .venv
+    if ! python3 -m venv .venv; then
+        echo "setup: python3 -m venv failed; install python3-venv (apt-get install python3-venv)" >&2
+        exit 1
+    fi
 fi
-.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt
+.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt -r tpcds/requirements.txt
 (cd py && VIRTUAL_ENV="$PWD/../.venv" ../.venv/bin/maturin develop --release -q)

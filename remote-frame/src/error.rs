@@ -1,0 +1,107 @@
+//! The one error type of `scad-remote-frame`.
+
+/// Result alias used throughout `scad-remote-frame`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while storing frames or running kernels.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The store, allocator or pool of `scad-remote-array` failed.
+    #[error(transparent)]
+    Array(#[from] scad_remote_array::Error),
+
+    /// A transport call moving frame data failed.
+    #[error("{op} of {len} bytes at {addr:#x} on memory element {element:?} failed: {source}")]
+    Transport {
+        /// `"read"` or `"write"`.
+        op: &'static str,
+        /// Memory element name.
+        element: String,
+        /// First remote address of the failed call.
+        addr: u64,
+        /// Bytes the call moved.
+        len: u64,
+        /// Cause.
+        #[source]
+        source: scad_core::Error,
+    },
+
+    /// Polars failed while evaluating an expression or a per-batch operation.
+    #[error("polars: {0}")]
+    Polars(#[from] polars::prelude::PolarsError),
+
+    /// Arrow (arrow-rs) failed while converting record batches.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+
+    /// Frame metadata is malformed JSON.
+    #[error("frame metadata is not valid JSON: {0}")]
+    MetaJson(#[source] serde_json::Error),
+
+    /// Frame metadata is inconsistent (corrupted, or not written by this crate).
+    #[error("invalid frame metadata: {0}")]
+    Meta(String),
+
+    /// A column name is not in the frame.
+    #[error("unknown column {name:?}; the frame has: {known}")]
+    UnknownColumn {
+        /// Name asked for.
+        name: String,
+        /// The frame's column names, comma separated.
+        known: String,
+    },
+
+    /// A column's data type differs from the one expected.
+    #[error("column {column:?} has type {found}, expected {expected}")]
+    TypeMismatch {
+        /// Column name.
+        column: String,
+        /// The type expected (the frame's schema, or the other side's).
+        expected: String,
+        /// The type found.
+        found: String,
+    },
+
+    /// A data type this crate cannot store.
+    #[error("unsupported data type {dtype} of column {column:?} (supported: booleans, integers, floats, decimals, dates, strings, nulls)")]
+    UnsupportedType {
+        /// Column name.
+        column: String,
+        /// The Polars or Arrow type.
+        dtype: String,
+    },
+
+    /// A kernel's work cannot be fit into the local memory budget.
+    #[error("{what} needs about {need} bytes of local memory but the budget is {budget} bytes")]
+    BudgetExceeded {
+        /// What did not fit.
+        what: String,
+        /// Bytes needed (an estimate).
+        need: u64,
+        /// The budget.
+        budget: u64,
+    },
+
+    /// One key value holds more rows than the budget allows and cannot be split by
+    /// hashing (a skewed key).
+    #[error("skewed key in {kernel}: partition {partition} (level {level}) holds {bytes} bytes for key {key}, which repartitioning cannot split, and the budget is {budget} bytes")]
+    Skew {
+        /// The kernel (`"left join"`, `"group-by"`, ...).
+        kernel: &'static str,
+        /// Partition path, e.g. `"3/17"`.
+        partition: String,
+        /// Recursion level.
+        level: u32,
+        /// The most frequent key value of the partition, printed.
+        key: String,
+        /// Bytes of the partition.
+        bytes: u64,
+        /// The budget.
+        budget: u64,
+    },
+
+    /// A bad argument (empty key list, mismatched key counts, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}

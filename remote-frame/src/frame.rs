@@ -1,0 +1,579 @@
+//! [`RemoteFrame`]: a table in memory elements, and [`FrameWriter`], which makes one.
+
+use std::sync::Arc;
+
+use polars::prelude::{
+    ArrayRef, Column, DataFrame, DataType, IntoColumn, PlSmallStr, Schema, Series,
+};
+use scad_core::{ReadOp, WriteOp};
+
+use crate::codec::{self, EncodedColumn};
+use crate::env::FrameEnv;
+use crate::error::{Error, Result};
+use crate::meta::{
+    chunk_column_bytes, BufferRef, ChunkMeta, ColumnChunk, ColumnMeta, FrameMeta, BUFFER_ALIGN,
+    LAYOUT_VERSION,
+};
+
+/// A table whose columns live in memory elements, chunk by chunk; see the crate docs.
+///
+/// Holds only metadata: reading any data goes over the transports. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RemoteFrame {
+    env: FrameEnv,
+    meta: Arc<FrameMeta>,
+}
+
+impl RemoteFrame {
+    /// Writes `df` to the env's memory elements in chunks of
+    /// [`FrameEnv::chunk_rows`] rows.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedType`] for a column type this crate cannot store;
+    /// allocation and transport errors.
+    pub fn from_polars(env: &FrameEnv, df: &DataFrame) -> Result<Self> {
+        let _t = env.timer();
+        let mut w = FrameWriter::new(env);
+        w.push(df)?;
+        w.finish()
+    }
+
+    /// Opens a frame from its metadata, checking it and that the store knows every
+    /// memory element it names.
+    ///
+    /// # Errors
+    /// [`Error::Meta`] for inconsistent metadata; an unknown-element error.
+    pub fn open(env: &FrameEnv, meta: FrameMeta) -> Result<Self> {
+        meta.validate()?;
+        let known = env.store().element_names();
+        for (k, c) in meta.chunks.iter().enumerate() {
+            if !known.contains(&c.element) {
+                return Err(Error::Meta(format!(
+                    "chunk {k} lives on memory element {:?}, which the store does not have (it has: {})",
+                    c.element,
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(RemoteFrame {
+            env: env.clone(),
+            meta: Arc::new(meta),
+        })
+    }
+
+    /// Opens a frame from metadata JSON (see [`FrameMeta::to_json`]).
+    ///
+    /// # Errors
+    /// As [`FrameMeta::from_json`] and [`RemoteFrame::open`].
+    pub fn from_json(env: &FrameEnv, json: &str) -> Result<Self> {
+        Self::open(env, FrameMeta::from_json(json)?)
+    }
+
+    /// The same frame seen through another environment (another budget, say).
+    pub fn with_env(&self, env: &FrameEnv) -> Self {
+        RemoteFrame {
+            env: env.clone(),
+            meta: self.meta.clone(),
+        }
+    }
+
+    /// The metadata.
+    pub fn meta(&self) -> &FrameMeta {
+        &self.meta
+    }
+
+    /// The metadata as JSON, to hand to the next compute element.
+    ///
+    /// # Errors
+    /// As [`FrameMeta::to_json`].
+    pub fn to_json(&self) -> Result<String> {
+        self.meta.to_json()
+    }
+
+    /// The environment the frame's kernels run in.
+    pub fn env(&self) -> &FrameEnv {
+        &self.env
+    }
+
+    /// Rows (no data is read).
+    pub fn rows(&self) -> usize {
+        self.meta.rows as usize
+    }
+
+    /// Row chunks.
+    pub fn chunk_count(&self) -> usize {
+        self.meta.chunks.len()
+    }
+
+    /// Column names (no data is read).
+    pub fn column_names(&self) -> Vec<String> {
+        self.meta.column_names()
+    }
+
+    /// The Polars schema (no data is read).
+    pub fn schema(&self) -> Schema {
+        self.meta
+            .schema
+            .iter()
+            .map(|c| (PlSmallStr::from(c.name.as_str()), codec::polars_type(c.dtype)))
+            .collect()
+    }
+
+    /// Bytes of data stored (all columns).
+    pub fn data_bytes(&self) -> u64 {
+        self.meta.data_bytes()
+    }
+
+    /// Indices of the named columns.
+    ///
+    /// # Errors
+    /// [`Error::UnknownColumn`].
+    pub fn column_indices<S: AsRef<str>>(&self, names: &[S]) -> Result<Vec<usize>> {
+        names
+            .iter()
+            .map(|n| self.meta.column_index(n.as_ref()))
+            .collect()
+    }
+
+    /// Reads the whole frame.
+    ///
+    /// # Errors
+    /// Transport errors; [`Error::Meta`] when the stored bytes do not form valid arrays.
+    pub fn to_polars(&self) -> Result<DataFrame> {
+        let all: Vec<usize> = (0..self.meta.schema.len()).collect();
+        self.read_chunks(&all, 0..self.meta.chunks.len())
+    }
+
+    /// Reads the named columns only (a projection: other columns are not moved).
+    ///
+    /// # Errors
+    /// [`Error::UnknownColumn`], and as [`RemoteFrame::to_polars`].
+    pub fn select_columns<S: AsRef<str>>(&self, names: &[S]) -> Result<DataFrame> {
+        let cols = self.column_indices(names)?;
+        self.read_chunks(&cols, 0..self.meta.chunks.len())
+    }
+
+    /// Streams the named columns (all if `columns` is `None`) as batches of whole
+    /// chunks holding about `batch_bytes` bytes each (at least one chunk per batch).
+    /// The next batch is fetched while the caller works on the current one.
+    ///
+    /// # Errors
+    /// [`Error::UnknownColumn`]; each batch may fail as [`RemoteFrame::to_polars`].
+    pub fn batches<S: AsRef<str>>(
+        &self,
+        columns: Option<&[S]>,
+        batch_bytes: u64,
+    ) -> Result<Batches> {
+        let cols = match columns {
+            Some(names) => self.column_indices(names)?,
+            None => (0..self.meta.schema.len()).collect(),
+        };
+        Ok(Batches::new(self.clone(), cols, batch_bytes))
+    }
+
+    /// Gives the frame's remote memory back to the store's allocators.
+    ///
+    /// # Errors
+    /// Allocator errors (a range freed twice).
+    pub fn free(self) -> Result<()> {
+        for c in &self.meta.chunks {
+            if c.bytes > 0 {
+                self.env.store().free(&c.element, c.addr, c.bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads chunks `range` of columns `cols` (schema indices) into one DataFrame.
+    pub(crate) fn read_chunks(
+        &self,
+        cols: &[usize],
+        range: std::ops::Range<usize>,
+    ) -> Result<DataFrame> {
+        let chunks = &self.meta.chunks[range];
+        let rows: usize = chunks.iter().map(|c| c.rows as usize).sum();
+        let schema = &self.meta.schema;
+        // Typed destinations for every buffer wanted.
+        let mut dests: Vec<Vec<Vec<codec::Dest>>> = chunks
+            .iter()
+            .map(|ch| {
+                cols.iter()
+                    .map(|&i| codec::destinations(schema[i].dtype, ch.rows as usize, &ch.columns[i]))
+                    .collect()
+            })
+            .collect();
+        // One vectored read per memory element, the elements in parallel.
+        let mut by_element: Vec<(&str, Vec<ReadOp<'_>>)> = Vec::new();
+        let mut total = 0u64;
+        for (ch, cd) in chunks.iter().zip(dests.iter_mut()) {
+            let slot = match by_element.iter().position(|(e, _)| *e == ch.element) {
+                Some(s) => s,
+                None => {
+                    by_element.push((ch.element.as_str(), Vec::new()));
+                    by_element.len() - 1
+                }
+            };
+            for (&i, ds) in cols.iter().zip(cd.iter_mut()) {
+                for (b, d) in ch.columns[i].buffers.iter().zip(ds.iter_mut()) {
+                    let dst = d.bytes_mut();
+                    if dst.is_empty() {
+                        continue;
+                    }
+                    total += dst.len() as u64;
+                    by_element[slot].1.push(ReadOp {
+                        addr: ch.addr + b.offset,
+                        dst,
+                    });
+                }
+            }
+        }
+        let env = &self.env;
+        let read_one = |(name, mut ops): (&str, Vec<ReadOp<'_>>)| -> Result<()> {
+            let t = env.transport(name)?;
+            let first = ops.first().map(|o| o.addr).unwrap_or(0);
+            let len: u64 = ops.iter().map(|o| o.dst.len() as u64).sum();
+            t.read_vectored(&mut ops).map_err(|source| Error::Transport {
+                op: "read",
+                element: name.to_owned(),
+                addr: first,
+                len,
+                source,
+            })
+        };
+        if by_element.len() <= 1 {
+            by_element.into_iter().try_for_each(read_one)?;
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = by_element
+                    .into_iter()
+                    .map(|g| s.spawn(move || read_one(g)))
+                    .collect();
+                handles.into_iter().try_for_each(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::InvalidArgument("a read thread panicked".into()))
+                    })
+                })
+            })?;
+        }
+        env.add_in(total);
+        // Arrays per column, chunk after chunk.
+        let mut per_col: Vec<Vec<ArrayRef>> = cols.iter().map(|_| Vec::with_capacity(chunks.len())).collect();
+        for (ch, cd) in chunks.iter().zip(dests) {
+            for ((k, &i), ds) in cols.iter().enumerate().zip(cd) {
+                let c = &schema[i];
+                per_col[k].push(codec::decode(&c.name, c.dtype, ch.rows as usize, &ch.columns[i], ds)?);
+            }
+        }
+        let mut columns: Vec<Column> = Vec::with_capacity(cols.len());
+        for (arrays, &i) in per_col.into_iter().zip(cols) {
+            let c = &schema[i];
+            let name = PlSmallStr::from(c.name.as_str());
+            let s = if arrays.is_empty() {
+                Series::new_empty(name, &codec::polars_type(c.dtype))
+            } else {
+                Series::try_from((name, arrays))?
+            };
+            let want = codec::polars_type(c.dtype);
+            let s = if s.dtype() != &want && !matches!(want, DataType::Null) {
+                s.cast(&want)?
+            } else {
+                s
+            };
+            columns.push(s.into_column());
+        }
+        Ok(DataFrame::new(rows, columns)?)
+    }
+}
+
+/// Batches of a frame; see [`RemoteFrame::batches`].
+pub struct Batches {
+    frame: RemoteFrame,
+    cols: Vec<usize>,
+    groups: std::vec::IntoIter<std::ops::Range<usize>>,
+    /// The batch being read ahead, and its bytes counted as held meanwhile.
+    ahead: Option<(std::thread::JoinHandle<Result<DataFrame>>, crate::env::Held)>,
+}
+
+impl Batches {
+    fn new(frame: RemoteFrame, cols: Vec<usize>, batch_bytes: u64) -> Self {
+        let mut groups = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0u64;
+        for (k, c) in frame.meta.chunks.iter().enumerate() {
+            let b = chunk_column_bytes(c, &cols);
+            if k > start && bytes + b > batch_bytes {
+                groups.push(start..k);
+                start = k;
+                bytes = 0;
+            }
+            bytes += b;
+        }
+        if start < frame.meta.chunks.len() {
+            groups.push(start..frame.meta.chunks.len());
+        }
+        Batches {
+            frame,
+            cols,
+            groups: groups.into_iter(),
+            ahead: None,
+        }
+    }
+
+    fn spawn_next(&mut self) {
+        if let Some(g) = self.groups.next() {
+            let bytes: u64 = self.frame.meta.chunks[g.clone()]
+                .iter()
+                .map(|c| chunk_column_bytes(c, &self.cols))
+                .sum();
+            let held = self.frame.env.hold(bytes);
+            let f = self.frame.clone();
+            let cols = self.cols.clone();
+            self.ahead = Some((std::thread::spawn(move || f.read_chunks(&cols, g)), held));
+        }
+    }
+}
+
+impl Iterator for Batches {
+    type Item = Result<DataFrame>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ahead.is_none() {
+            self.spawn_next();
+        }
+        let (h, held) = self.ahead.take()?;
+        let out = h
+            .join()
+            .unwrap_or_else(|_| Err(Error::InvalidArgument("the read-ahead thread panicked".into())));
+        drop(held); // the caller counts the batch it holds
+        if out.is_ok() {
+            self.spawn_next();
+        }
+        Some(out)
+    }
+}
+
+impl Drop for Batches {
+    fn drop(&mut self) {
+        if let Some((h, _held)) = self.ahead.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Writes DataFrames chunk by chunk into a new [`RemoteFrame`].
+pub struct FrameWriter {
+    env: FrameEnv,
+    schema: Option<Vec<ColumnMeta>>,
+    chunks: Vec<ChunkMeta>,
+    rows: u64,
+    /// Small pushes gathered until they make a whole chunk (see
+    /// [`FrameWriter::coalescing`]), and their bytes counted as held.
+    pending: Option<(DataFrame, crate::env::Held)>,
+    coalesce: bool,
+}
+
+impl FrameWriter {
+    /// A writer whose schema is that of the first DataFrame pushed.
+    pub fn new(env: &FrameEnv) -> Self {
+        FrameWriter {
+            env: env.clone(),
+            schema: None,
+            chunks: Vec::new(),
+            rows: 0,
+            pending: None,
+            coalesce: false,
+        }
+    }
+
+    /// Gathers pushes smaller than a chunk locally until they fill one, so a
+    /// selective filter does not leave many tiny chunks behind (the gathered rows
+    /// count against the budget).
+    pub fn coalescing(mut self) -> Self {
+        self.coalesce = true;
+        self
+    }
+
+    /// A writer for the given Polars schema (so an empty result keeps its columns).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedType`].
+    pub fn with_schema(env: &FrameEnv, schema: &Schema) -> Result<Self> {
+        let mut w = Self::new(env);
+        w.schema = Some(schema_meta(schema)?);
+        Ok(w)
+    }
+
+    /// Rows pushed so far.
+    pub fn rows(&self) -> u64 {
+        self.rows + self.pending.as_ref().map_or(0, |(p, _)| p.height() as u64)
+    }
+
+    /// Appends `df`, cut into chunks of the env's chunk size.
+    ///
+    /// # Errors
+    /// [`Error::UnknownColumn`] / [`Error::TypeMismatch`] when `df` does not match
+    /// the schema; [`Error::UnsupportedType`]; allocation and transport errors.
+    pub fn push(&mut self, df: &DataFrame) -> Result<()> {
+        let meta = schema_meta(df.schema())?;
+        match &self.schema {
+            None => self.schema = Some(meta),
+            Some(s) => check_same_schema(s, &meta)?,
+        }
+        let step = self.env.chunk_rows();
+        if self.coalesce {
+            if df.height() == 0 {
+                return Ok(());
+            }
+            let gathered = match self.pending.take() {
+                Some((mut p, held)) => {
+                    p.vstack_mut(df)?;
+                    Some((p, held))
+                }
+                None if df.height() < step => Some((df.clone(), self.env.hold(0))),
+                None => None,
+            };
+            match gathered {
+                Some((p, mut held)) if p.height() < step => {
+                    held.set(p.estimated_size() as u64);
+                    self.pending = Some((p, held));
+                    return Ok(());
+                }
+                Some((p, _held)) => return self.write_rows(&p),
+                None => {}
+            }
+        }
+        self.write_rows(df)
+    }
+
+    fn write_rows(&mut self, df: &DataFrame) -> Result<()> {
+        let step = self.env.chunk_rows();
+        let mut off = 0;
+        while off < df.height() {
+            let len = step.min(df.height() - off);
+            self.write_chunk(&df.slice(off as i64, len))?;
+            off += len;
+        }
+        Ok(())
+    }
+
+    fn write_chunk(&mut self, df: &DataFrame) -> Result<()> {
+        let encoded = df
+            .columns()
+            .iter()
+            .map(|c| EncodedColumn::new(&c.as_materialized_series().rechunk()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut columns = Vec::with_capacity(encoded.len());
+        let mut pieces: Vec<(u64, &[u8])> = Vec::new();
+        let mut offset = 0u64;
+        for e in &encoded {
+            let mut buffers = Vec::new();
+            for b in e.buffers() {
+                buffers.push(BufferRef {
+                    offset,
+                    len: b.len() as u64,
+                });
+                pieces.push((offset, b));
+                offset = (offset + b.len() as u64).next_multiple_of(BUFFER_ALIGN);
+            }
+            columns.push(ColumnChunk {
+                null_count: e.null_count,
+                buffers,
+            });
+        }
+        let element = self.env.next_element()?;
+        let bytes = offset;
+        let addr = self.env.store().allocate(&element, bytes)?;
+        let ops: Vec<WriteOp<'_>> = pieces
+            .iter()
+            .filter(|(_, b)| !b.is_empty())
+            .map(|&(o, src)| WriteOp { addr: addr + o, src })
+            .collect();
+        if !ops.is_empty() {
+            let t = self.env.transport(&element)?;
+            if let Err(source) = t.write_vectored(&ops) {
+                let _ = self.env.store().free(&element, addr, bytes);
+                return Err(Error::Transport {
+                    op: "write",
+                    element,
+                    addr,
+                    len: bytes,
+                    source,
+                });
+            }
+        }
+        self.env.add_out(pieces.iter().map(|(_, b)| b.len() as u64).sum());
+        self.rows += df.height() as u64;
+        self.chunks.push(ChunkMeta {
+            rows: df.height() as u64,
+            element,
+            addr,
+            bytes,
+            columns,
+        });
+        Ok(())
+    }
+
+    /// The frame written.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if nothing was pushed and no schema was given.
+    pub fn finish(mut self) -> Result<RemoteFrame> {
+        if let Some((p, _held)) = self.pending.take() {
+            self.write_rows(&p)?;
+        }
+        let schema = self.schema.ok_or_else(|| {
+            Error::InvalidArgument("a frame writer finished without a schema or any data".into())
+        })?;
+        let meta = FrameMeta {
+            version: LAYOUT_VERSION,
+            schema,
+            rows: self.rows,
+            chunks: self.chunks,
+        };
+        Ok(RemoteFrame {
+            env: self.env,
+            meta: Arc::new(meta),
+        })
+    }
+}
+
+pub(crate) fn schema_meta(schema: &Schema) -> Result<Vec<ColumnMeta>> {
+    schema
+        .iter()
+        .map(|(name, dt)| {
+            Ok(ColumnMeta {
+                name: name.to_string(),
+                dtype: codec::column_type(name, dt)?,
+            })
+        })
+        .collect()
+}
+
+fn check_same_schema(want: &[ColumnMeta], got: &[ColumnMeta]) -> Result<()> {
+    for g in got {
+        match want.iter().find(|w| w.name == g.name) {
+            None => {
+                return Err(Error::UnknownColumn {
+                    name: g.name.clone(),
+                    known: want.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", "),
+                })
+            }
+            Some(w) if w.dtype != g.dtype => {
+                return Err(Error::TypeMismatch {
+                    column: g.name.clone(),
+                    expected: w.dtype.to_string(),
+                    found: g.dtype.to_string(),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    if want.len() != got.len() || want.iter().zip(got).any(|(w, g)| w.name != g.name) {
+        return Err(Error::InvalidArgument(format!(
+            "columns [{}] do not match the frame's [{}]",
+            got.iter().map(|g| g.name.as_str()).collect::<Vec<_>>().join(", "),
+            want.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(())
+}

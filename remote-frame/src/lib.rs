@@ -1,0 +1,144 @@
+//! # scad-remote-frame — dataframes in remote memory
+//!
+//! Tables whose columns live in Scad memory elements, and relational kernels over
+//! them whose local memory stays within a budget the caller sets.
+//!
+//! - [`RemoteFrame`]: a table stored chunk by chunk (row groups of
+//!   [`FrameEnv::chunk_rows`] rows) as the columns' Arrow buffers, with serializable
+//!   metadata ([`FrameMeta`]: schema and, per chunk, where each buffer is). Read all
+//!   of it, a projection of its columns, or a stream of batches; row count and schema
+//!   come from the metadata alone. The JSON of the metadata is all another compute
+//!   element needs to open the frame (given transports to the same memory elements).
+//! - Kernels (results are RemoteFrames again): [`RemoteFrame::filter`],
+//!   [`RemoteFrame::select`], [`RemoteFrame::with_columns`], [`RemoteFrame::join`]
+//!   (inner, left, semi, anti; one or more key columns), [`RemoteFrame::group_by`]
+//!   (any Polars aggregation: sum, mean, count, n_unique, min, max, ...),
+//!   [`RemoteFrame::distinct`], [`RemoteFrame::sort`], [`RemoteFrame::sort_limit`],
+//!   [`RemoteFrame::limit`], and [`RemoteFrame::map_batches`] for any row-wise
+//!   Polars query.
+//! - Interop: Polars `DataFrame` ([`RemoteFrame::from_polars`],
+//!   [`RemoteFrame::to_polars`]) and arrow-rs `RecordBatch`
+//!   ([`RemoteFrame::from_record_batches`], [`RemoteFrame::to_record_batches`]) through
+//!   the Arrow C data interface.
+//!
+//! Expressions are Polars' own ([`col`], [`lit`], [`Expr`]); each batch or partition
+//! is processed by Polars in memory, so per-partition speed is Polars' speed.
+//!
+//! ## Layout in remote memory
+//! A chunk of `n` rows is one allocation on one memory element (chunks are dealt
+//! round-robin over the elements). Inside it, every column contributes its Arrow
+//! buffers, each at a 64-byte aligned offset: the validity bitmap (only if the chunk
+//! has nulls), then the values (fixed width: `n` values; booleans: a bitmap;
+//! decimals: `i128`; dates: `i32` days), or for strings the `n` 16-byte string views
+//! followed by the data buffers they point into (Polars' own string layout, so
+//! nothing is re-encoded on either side). Reading a projection issues one vectored
+//! read per memory element for all buffers of the chunks asked for, straight into
+//! typed vectors that become the arrays without another copy; arrays are built
+//! through the checked constructors, so corrupted bytes give an error. Frame data
+//! moves over the transports directly (it is written once and streamed), not through
+//! the store's page cache.
+//!
+//! ## The budget
+//! [`FrameEnv::with_budget`] sets how many bytes of local memory kernels may hold:
+//! the batches and partitions they read, Polars' results, and the batch being read
+//! ahead, each sized as Polars sizes DataFrames. A join whose inputs (and result)
+//! fit is done in one go; if only the right side fits, the left side streams past
+//! it; otherwise both sides are hash-partitioned by key into remote memory and
+//! joined partition by partition (a grace hash join), re-partitioning a partition
+//! that is still too large with a new hash seed. A key too frequent to split is
+//! joined by a nested loop over pages (inner joins), needs no work (semi and anti
+//! joins hold only distinct keys) or is reported as [`Error::Skew`] naming the key
+//! (left joins, group-bys). The largest amount held is [`KernelStats::peak_local_bytes`]
+//! ([`FrameEnv::stats`]), with the time and bytes moved.
+//!
+//! ## Example
+//! ```
+//! use std::sync::Arc;
+//! use polars::prelude::*;
+//! use scad_core::transport::LocalTransport;
+//! use scad_remote_array::{BufferPool, RemoteStore};
+//! use scad_remote_frame::{FrameEnv, JoinType, RemoteFrame};
+//!
+//! let store = Arc::new(RemoteStore::new(Arc::new(BufferPool::builder(1 << 20).build()?)));
+//! store.add_element("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
+//! let env = FrameEnv::new(store).with_budget(16 << 20);
+//!
+//! let dates = df!("d_date_sk" => [1i64, 2, 3], "d_year" => [1999i32, 2000, 2000])?;
+//! let sales = df!("ss_sold_date_sk" => [1i64, 2, 2, 3], "ss_price" => [1.0, 2.0, 3.0, 4.0])?;
+//! let dates = RemoteFrame::from_polars(&env, &dates)?;
+//! let sales = RemoteFrame::from_polars(&env, &sales)?;
+//!
+//! let y2000 = dates.filter(col("d_year").eq(lit(2000)))?;
+//! let joined = sales.join(&y2000, ["ss_sold_date_sk"], ["d_date_sk"], JoinType::Semi)?;
+//! let total = joined.group_by(&["ss_sold_date_sk"], [col("ss_price").sum()])?;
+//! assert_eq!(total.rows(), 2);
+//! // The next element needs only this JSON (and the same memory elements):
+//! let json = total.to_json()?;
+//! let again = RemoteFrame::from_json(&env, &json)?;
+//! assert_eq!(again.to_polars()?.height(), 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod codec;
+pub mod env;
+pub mod error;
+pub mod frame;
+pub mod hash;
+mod interop;
+pub mod kernels;
+pub mod meta;
+
+pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
+pub use error::{Error, Result};
+pub use frame::{Batches, FrameWriter, RemoteFrame};
+pub use kernels::JoinType;
+pub use meta::{ColumnMeta, ColumnType, FrameMeta};
+pub use polars::prelude::{col, lit, DataFrame, Expr, SortMultipleOptions};
+
+impl RemoteFrame {
+    /// Writes arrow-rs record batches (all of one schema) as a new frame.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no batches or mixed schemas; as
+    /// [`RemoteFrame::from_polars`].
+    pub fn from_record_batches(env: &FrameEnv, batches: &[arrow_array::RecordBatch]) -> Result<Self> {
+        let df = interop::from_record_batches(batches)?;
+        Self::from_polars(env, &df)
+    }
+
+    /// Reads the frame as arrow-rs record batches (one per stored chunk).
+    ///
+    /// # Errors
+    /// As [`RemoteFrame::to_polars`]; [`Error::Arrow`].
+    pub fn to_record_batches(&self) -> Result<Vec<arrow_array::RecordBatch>> {
+        interop::to_record_batches(&self.to_polars()?)
+    }
+}
+
+/// Converts a Polars DataFrame to arrow-rs record batches (one per chunk).
+///
+/// # Errors
+/// [`Error::Arrow`].
+pub fn dataframe_to_record_batches(df: &DataFrame) -> Result<Vec<arrow_array::RecordBatch>> {
+    interop::to_record_batches(df)
+}
+
+/// Converts arrow-rs record batches (one schema) to a Polars DataFrame.
+///
+/// # Errors
+/// As [`RemoteFrame::from_record_batches`].
+pub fn record_batches_to_dataframe(batches: &[arrow_array::RecordBatch]) -> Result<DataFrame> {
+    interop::from_record_batches(batches)
+}
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn shared_types_are_send_and_sync() {
+        send_sync::<crate::RemoteFrame>();
+        send_sync::<crate::FrameEnv>();
+        send_sync::<crate::Error>();
+    }
+}

@@ -1,0 +1,314 @@
+//! Frame metadata: the schema and, per row chunk, where each column's Arrow buffers
+//! live. Plain data that serializes with serde, so the next compute element can open
+//! a frame from its JSON alone (given transports to the same memory elements).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Version of the layout described here; a frame written by another layout version is
+/// refused rather than misread.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Alignment of every buffer inside a chunk's remote allocation (and of the local
+/// buffers it is read into), so copies run at full speed.
+pub const BUFFER_ALIGN: u64 = 64;
+
+/// The column types a frame can hold (what the TPC-DS tables need).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColumnType {
+    /// Booleans (bit-packed values).
+    Boolean,
+    /// Signed 8-bit integers.
+    Int8,
+    /// Signed 16-bit integers.
+    Int16,
+    /// Signed 32-bit integers.
+    Int32,
+    /// Signed 64-bit integers.
+    Int64,
+    /// Unsigned 8-bit integers.
+    UInt8,
+    /// Unsigned 16-bit integers.
+    UInt16,
+    /// Unsigned 32-bit integers.
+    UInt32,
+    /// Unsigned 64-bit integers.
+    UInt64,
+    /// 32-bit floats.
+    Float32,
+    /// 64-bit floats.
+    Float64,
+    /// Days since 1970-01-01 (Arrow Date32).
+    Date,
+    /// 128-bit decimals.
+    Decimal {
+        /// Total digits.
+        precision: usize,
+        /// Digits after the point.
+        scale: usize,
+    },
+    /// UTF-8 strings (stored as Arrow string views plus their data buffers).
+    String,
+    /// A column of nulls only (no buffers).
+    Null,
+}
+
+impl ColumnType {
+    /// Bytes per value of the values buffer, for fixed-width types.
+    pub fn width(self) -> Option<u64> {
+        use ColumnType::*;
+        Some(match self {
+            Int8 | UInt8 => 1,
+            Int16 | UInt16 => 2,
+            Int32 | UInt32 | Float32 | Date => 4,
+            Int64 | UInt64 | Float64 => 8,
+            Decimal { .. } => 16,
+            String => 16, // one view per row
+            Boolean | Null => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for ColumnType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ColumnType::Decimal { precision, scale } => write!(f, "decimal({precision},{scale})"),
+            other => write!(f, "{}", format!("{other:?}").to_lowercase()),
+        }
+    }
+}
+
+/// One column of the schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnMeta {
+    /// Column name.
+    pub name: String,
+    /// Column type.
+    pub dtype: ColumnType,
+}
+
+/// One buffer of a column chunk: `len` bytes at `offset` from the chunk's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferRef {
+    /// Offset from the chunk's remote address (a multiple of [`BUFFER_ALIGN`]).
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// One column of one row chunk.
+///
+/// Buffers, in order: the validity bitmap (only if `null_count > 0`), then per type
+/// - fixed width: the values;
+/// - boolean: the value bitmap;
+/// - string: the views (16 bytes per row), then the data buffers the views point into;
+/// - null: nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnChunk {
+    /// Nulls in this chunk of the column.
+    pub null_count: u64,
+    /// The column's buffers.
+    pub buffers: Vec<BufferRef>,
+}
+
+/// One row chunk: all its columns live in one allocation on one memory element.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkMeta {
+    /// Rows in the chunk.
+    pub rows: u64,
+    /// Memory element holding the chunk.
+    pub element: String,
+    /// Remote address of the chunk's allocation.
+    pub addr: u64,
+    /// Bytes allocated (the sum of its aligned buffers).
+    pub bytes: u64,
+    /// One entry per schema column, in schema order.
+    pub columns: Vec<ColumnChunk>,
+}
+
+/// Everything needed to open a frame: schema plus per-chunk buffer extents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameMeta {
+    /// Layout version ([`LAYOUT_VERSION`]).
+    pub version: u32,
+    /// Columns in order.
+    pub schema: Vec<ColumnMeta>,
+    /// Total rows (the sum over chunks).
+    pub rows: u64,
+    /// Row chunks in row order.
+    pub chunks: Vec<ChunkMeta>,
+}
+
+impl FrameMeta {
+    /// The metadata as JSON.
+    ///
+    /// # Errors
+    /// [`Error::MetaJson`] (only if serde fails, which plain data does not).
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string(self).map_err(Error::MetaJson)
+    }
+
+    /// Parses and validates metadata printed by [`FrameMeta::to_json`].
+    ///
+    /// # Errors
+    /// [`Error::MetaJson`] for malformed JSON, [`Error::Meta`] for inconsistent contents.
+    pub fn from_json(json: &str) -> Result<Self> {
+        let meta: FrameMeta = serde_json::from_str(json).map_err(Error::MetaJson)?;
+        meta.validate()?;
+        Ok(meta)
+    }
+
+    /// Index of column `name`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownColumn`] listing the frame's columns.
+    pub fn column_index(&self, name: &str) -> Result<usize> {
+        self.schema
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| Error::UnknownColumn {
+                name: name.to_owned(),
+                known: self.column_names().join(", "),
+            })
+    }
+
+    /// Column names in order.
+    pub fn column_names(&self) -> Vec<String> {
+        self.schema.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// Bytes the given columns occupy (all chunks); what reading them costs locally.
+    pub fn column_bytes(&self, columns: &[usize]) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| chunk_column_bytes(c, columns))
+            .sum()
+    }
+
+    /// Bytes of all columns.
+    pub fn data_bytes(&self) -> u64 {
+        let all: Vec<usize> = (0..self.schema.len()).collect();
+        self.column_bytes(&all)
+    }
+
+    /// Checks the metadata for consistency: version, unique column names, row counts,
+    /// buffer counts and sizes per type, buffers inside their chunk's allocation.
+    ///
+    /// # Errors
+    /// [`Error::Meta`] naming the first inconsistency found.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Meta(m));
+        if self.version != LAYOUT_VERSION {
+            return bad(format!(
+                "layout version {} (this build reads version {LAYOUT_VERSION})",
+                self.version
+            ));
+        }
+        for (i, c) in self.schema.iter().enumerate() {
+            if self.schema[..i].iter().any(|d| d.name == c.name) {
+                return bad(format!("column name {:?} appears twice", c.name));
+            }
+        }
+        let mut rows = 0u64;
+        for (k, ch) in self.chunks.iter().enumerate() {
+            rows = rows.checked_add(ch.rows).ok_or_else(|| {
+                Error::Meta(format!("row count overflows at chunk {k}"))
+            })?;
+            if ch.columns.len() != self.schema.len() {
+                return bad(format!(
+                    "chunk {k} has {} columns, the schema {}",
+                    ch.columns.len(),
+                    self.schema.len()
+                ));
+            }
+            if ch.addr.checked_add(ch.bytes).is_none() {
+                return bad(format!("chunk {k}: address range overflows"));
+            }
+            for (col, cc) in self.schema.iter().zip(&ch.columns) {
+                validate_column(k, ch, col, cc)?;
+            }
+        }
+        if rows != self.rows {
+            return bad(format!(
+                "chunks hold {rows} rows but the frame says {}",
+                self.rows
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn chunk_column_bytes(c: &ChunkMeta, columns: &[usize]) -> u64 {
+    columns
+        .iter()
+        .filter_map(|&i| c.columns.get(i))
+        .flat_map(|cc| cc.buffers.iter())
+        .map(|b| b.len)
+        .sum()
+}
+
+fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk) -> Result<()> {
+    let bad = |m: String| {
+        Err(Error::Meta(format!(
+            "chunk {k}, column {:?} ({}): {m}",
+            col.name, col.dtype
+        )))
+    };
+    if cc.null_count > ch.rows {
+        return bad(format!("{} nulls in {} rows", cc.null_count, ch.rows));
+    }
+    for b in &cc.buffers {
+        if b.offset % BUFFER_ALIGN != 0 {
+            return bad(format!("buffer offset {} is not {BUFFER_ALIGN}-byte aligned", b.offset));
+        }
+        match b.offset.checked_add(b.len) {
+            Some(end) if end <= ch.bytes => {}
+            _ => {
+                return bad(format!(
+                    "buffer {}+{} lies outside the chunk's {} bytes",
+                    b.offset, b.len, ch.bytes
+                ))
+            }
+        }
+    }
+    let bitmap_len = ch.rows.div_ceil(8);
+    let has_validity = cc.null_count > 0 && col.dtype != ColumnType::Null;
+    let mut bufs = cc.buffers.iter();
+    if has_validity {
+        match bufs.next() {
+            Some(b) if b.len == bitmap_len => {}
+            Some(b) => return bad(format!("validity bitmap of {} bytes, expected {bitmap_len}", b.len)),
+            None => return bad("validity bitmap missing".into()),
+        }
+    }
+    let rest: Vec<&BufferRef> = bufs.collect();
+    match col.dtype {
+        ColumnType::Null => {
+            if !rest.is_empty() || cc.null_count != ch.rows {
+                return bad("a null column has no buffers and only nulls".into());
+            }
+        }
+        ColumnType::Boolean => {
+            if rest.len() != 1 || rest[0].len != bitmap_len {
+                return bad(format!("expected one value bitmap of {bitmap_len} bytes"));
+            }
+        }
+        ColumnType::String => {
+            if rest.is_empty() || rest[0].len != ch.rows * 16 {
+                return bad(format!("expected a views buffer of {} bytes", ch.rows * 16));
+            }
+            if rest.len() - 1 > u32::MAX as usize {
+                return bad("too many data buffers".into());
+            }
+        }
+        t => {
+            let w = t.width().unwrap_or(1);
+            if rest.len() != 1 || rest[0].len != ch.rows * w {
+                return bad(format!("expected one values buffer of {} bytes", ch.rows * w));
+            }
+        }
+    }
+    Ok(())
+}
