@@ -158,9 +158,8 @@ impl PyFrameEnv {
     fn reserve_frames(&self, metas: Vec<String>) -> PyResult<()> {
         let parsed = metas
             .iter()
-            .map(|m| FrameMeta::from_json(m))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(frame_err)?;
+            .map(|m| FrameMeta::from_json(m).map_err(frame_err))
+            .collect::<PyResult<Vec<_>>>()?;
         let refs: Vec<&FrameMeta> = parsed.iter().collect();
         self.inner.reserve_frames(&refs).map_err(frame_err)
     }
