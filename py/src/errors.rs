@@ -24,6 +24,13 @@ create_exception!(
     "The transport was released or its action terminated."
 );
 
+create_exception!(
+    _native,
+    BudgetExceededError,
+    ScadError,
+    "A remote-frame kernel cannot fit its work into the local memory budget (or a skewed key cannot be split)."
+);
+
 /// The Python exception for a scad-core error.
 pub fn core_err(e: scad_core::Error) -> PyErr {
     use scad_core::Error as E;

@@ -6,18 +6,22 @@
 //!   `scad.RemoteArray`.
 //! - [`join`]: the `npjoin` kernels.
 //! - [`server`]: embedded memory servers and the `memory_server` console script.
+//! - [`frame`]: `FrameEnv` and `Frame` (scad-remote-frame) behind `scad.RemoteFrame`,
+//!   with data in and out through the Arrow PyCapsule interface ([`arrow_ffi`]) and
+//!   expressions as JSON trees ([`expr`]).
 //!
 //! Every transport operation and kernel runs with the GIL released; Rust errors become
 //! Python exceptions ([`errors`]), and panics are caught at the boundary.
 //!
-//! `RemoteFrame` bindings are not here yet: they follow once the remote-frame crate
-//! lands.
 
 use pyo3::prelude::*;
 
 pub mod action;
+pub mod arrow_ffi;
 pub mod buffer;
 pub mod errors;
+pub mod expr;
+pub mod frame;
 pub mod join;
 pub mod pool;
 pub mod server;
@@ -28,6 +32,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("ScadError", py.get_type::<errors::ScadError>())?;
     m.add("TerminatedError", py.get_type::<errors::TerminatedError>())?;
+    m.add(
+        "BudgetExceededError",
+        py.get_type::<errors::BudgetExceededError>(),
+    )?;
+    m.add_class::<frame::PyFrameEnv>()?;
+    m.add_class::<frame::PyFrame>()?;
     m.add_class::<action::PyAction>()?;
     m.add_class::<action::PyEndpoint>()?;
     m.add_class::<buffer::RegisteredBytes>()?;

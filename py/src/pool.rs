@@ -167,7 +167,7 @@ impl PyPool {
 /// Memory elements by name, with allocators, sharing one pool.
 #[pyclass(module = "scad._native", name = "Store", frozen)]
 pub struct PyStore {
-    inner: Arc<RemoteStore>,
+    pub(crate) inner: Arc<RemoteStore>,
 }
 
 #[pymethods]

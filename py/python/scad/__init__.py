@@ -6,12 +6,16 @@
 - Drop-in modules of the original runtime: ``disagg``, ``disaggrt``, ``npjoin``.
 - Tools: ``memory_server``, ``rundisagg``, ``wskgen``, ``scad run DAGDIR``.
 
-``RemoteFrame`` (Polars/PyArrow through the Arrow C data interface) is not bound yet:
-it follows once the remote-frame crate lands.
+- :class:`RemoteFrame` and :class:`FrameEnv`: tables in memory elements, from and to
+  Polars/PyArrow through the Arrow PyCapsule interface, with memory-budgeted kernels
+  (filter, select, join, group_by, sort, unique, limit); expressions from
+  :mod:`scad.frame` (``col``, ``lit``, ``when``).
 """
 
-from ._native import MemoryServer, ScadError, TerminatedError, parse_size
+from ._native import BudgetExceededError, MemoryServer, ScadError, TerminatedError, parse_size
 from .array import RemoteArray, Store
+from .frame import FrameEnv, RemoteFrame, col, lit, when
 
-__all__ = ["RemoteArray", "Store", "MemoryServer", "ScadError", "TerminatedError", "parse_size"]
+__all__ = ["RemoteArray", "Store", "MemoryServer", "ScadError", "TerminatedError", "BudgetExceededError",
+           "parse_size", "FrameEnv", "RemoteFrame", "col", "lit", "when"]
 __version__ = "0.1.0"
