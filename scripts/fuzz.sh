@@ -21,7 +21,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root/fuzz"
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-    targets=(protocol_decode durl_parse rdma_exchange array_meta)
+    targets=(protocol_decode durl_parse rdma_exchange array_meta frame_meta)
 fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/fuzz/target}"
 cargo +nightly fuzz build

@@ -12,8 +12,7 @@
 //!   small, materializes) as a `RemoteArray` over two local memory elements without
 //!   panicking.
 //!
-//! RemoteFrame metadata (the dataframe crate) gets its own target when that crate
-//! lands; add it here and to `scripts/fuzz.sh`.
+//! RemoteFrame metadata has its own target, `frame_meta`, in `frame_harness.rs`.
 //!
 //! This file is also compiled into `remote-array/tests/fuzz_regressions.rs` (by path),
 //! which replays every input kept under `fuzz/regressions/<target>/` on stable Rust.

@@ -1,4 +1,6 @@
 //! The fuzz harnesses, shared by the libFuzzer targets and by the regression tests
 //! (`remote-array/tests/fuzz_regressions.rs` includes `harness.rs` by path, so the
-//! crashing inputs kept in `fuzz/regressions/` run under plain `cargo test`).
+//! crashing inputs kept in `fuzz/regressions/` run under plain `cargo test`; likewise
+//! `remote-frame/tests/fuzz_regressions.rs` with `frame_harness.rs`).
 pub mod harness;
+pub mod frame_harness;

@@ -29,7 +29,7 @@ const STREAM_BATCH_CAP: u64 = 64 << 20;
 pub fn frame_err(e: FrameError) -> PyErr {
     let msg = e.to_string();
     match e {
-        FrameError::Array(a) => array_err(a),
+        FrameError::Array(a) => array_err(*a),
         FrameError::UnknownColumn { .. } => PyKeyError::new_err(msg),
         FrameError::TypeMismatch { .. } | FrameError::UnsupportedType { .. } => {
             PyTypeError::new_err(msg)
@@ -40,7 +40,7 @@ pub fn frame_err(e: FrameError) -> PyErr {
         FrameError::BudgetExceeded { .. } | FrameError::Skew { .. } => {
             BudgetExceededError::new_err(msg)
         }
-        FrameError::Polars(p) => polars_err(p),
+        FrameError::Polars(p) => polars_err(*p),
         FrameError::Arrow(_) => PyValueError::new_err(msg),
         _ => ScadError::new_err(msg),
     }
