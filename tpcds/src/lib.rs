@@ -37,5 +37,6 @@ pub mod data;
 pub mod error;
 pub mod pipeline;
 pub mod queries;
+pub mod remote;
 
 pub use error::TpcdsError;
