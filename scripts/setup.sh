@@ -23,13 +23,14 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
-# Python tools run in the repository's virtual environment `.venv`.
+# Python: a virtual environment at .venv with the packages the tests, the wheel build and
+# the TPC-DS generator need. The wheel itself is built by scripts/wheel.sh.
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
-    echo "setup: creating .venv" >&2
+    echo "setup: creating the Python virtual environment .venv" >&2
     if ! python3 -m venv .venv; then
         echo "setup: python3 -m venv failed; install python3-venv (apt-get install python3-venv)" >&2
         exit 1
     fi
 fi
-.venv/bin/pip install -q -r tpcds/requirements.txt
+.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt -r tpcds/requirements.txt

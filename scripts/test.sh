@@ -10,3 +10,6 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 # Only core and memory-server change with the `rdma` feature.
 cargo clippy -p scad-core -p scad-memory-server --all-targets -- -D warnings
 cargo test --workspace --all-features
+# The Python wheel (dev profile, into .venv): drop-in modules, tools, modern API.
+bash scripts/wheel.sh
+.venv/bin/python -m pytest -q py/tests

@@ -49,6 +49,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 MANIFEST_FORMAT = 1
 
+#: Set by --quiet: no progress bars.
+QUIET = False
+
 #: The official queries the pipelines implement.
 OFFICIAL_QUERIES = (1, 16, 94, 95)
 
@@ -190,7 +193,7 @@ def tables_cached(
 def generate_tables(root: Path, sf: float, text: bool, spread_warehouses: int) -> dict[str, int]:
     """Run dsdgen and write every table as Parquet (and text); returns row counts."""
     con = connect_with_tpcds()
-    with tqdm(total=1, desc=f"dsdgen sf={sf:g}", unit="run") as bar:
+    with tqdm(total=1, desc=f"dsdgen sf={sf:g}", unit="run", disable=QUIET) as bar:
         con.execute(f"CALL dsdgen(sf={sf!r})")
         bar.update(1)
     if spread_warehouses:
@@ -212,7 +215,7 @@ def generate_tables(root: Path, sf: float, text: bool, spread_warehouses: int) -
     if text:
         (root / "text").mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
-    for table in tqdm(tables, desc="writing tables", unit="table"):
+    for table in tqdm(tables, desc="writing tables", unit="table", disable=QUIET):
         counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
         pq = root / "parquet" / f"{table}.parquet"
         con.execute(f"COPY {table} TO '{pq}.tmp' (FORMAT parquet)")
@@ -261,7 +264,7 @@ def write_references(root: Path, texts: dict[str, str], names: list[str], tables
     ref_dir = root / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
     out = {}
-    for name in tqdm(names, desc="reference answers", unit="query"):
+    for name in tqdm(names, desc="reference answers", unit="query", disable=QUIET):
         sql = texts[name].strip().rstrip(";")
         rel = con.sql(sql)
         types = [str(t) for t in rel.types]
@@ -280,7 +283,7 @@ def write_references(root: Path, texts: dict[str, str], names: list[str], tables
 def bench(root: Path, texts: dict[str, str], repeats: int) -> list[dict]:
     """Time DuckDB in memory on each official query: load apart, then query repeats."""
     results = []
-    for nr in tqdm(OFFICIAL_QUERIES, desc="duckdb in memory", unit="query"):
+    for nr in tqdm(OFFICIAL_QUERIES, desc="duckdb in memory", unit="query", disable=QUIET):
         con, load_s = load_parquet(root, QUERY_TABLES[nr])
         sql = texts[f"q{nr}"].strip().rstrip(";")
         con.execute(sql).fetchall()  # warm-up, not timed
@@ -337,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--spread-warehouses must be 0 (off) or positive")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    if args.quiet:
-        os.environ["TQDM_DISABLE"] = "1"
+    global QUIET
+    QUIET = args.quiet
 
     root = args.out / sf_dir_name(args.sf, args.spread_warehouses)
     root.mkdir(parents=True, exist_ok=True)

@@ -159,7 +159,7 @@ fn parse_url(value: &str) -> std::result::Result<HostPort, String> {
     }
     if host
         .chars()
-        .any(|c| c.is_whitespace() || c == '/' || c == '@')
+        .any(|c| c.is_whitespace() || matches!(c, '/' | '@' | '[' | ']'))
     {
         return Err(format!("invalid host {host:?}"));
     }
@@ -181,7 +181,8 @@ pub struct Params {
     pub shm_id: Option<String>,
     /// `url`: where the memory server listens (or where to listen).
     pub url: Option<HostPort>,
-    /// `token`: shared secret checked by the memory server.
+    /// `token`: shared secret checked by the memory server (a region's token opens
+    /// only that region of a tcp server, addressed from 0).
     pub token: Option<String>,
     /// `timeout_ms`: how long one remote operation may take before it fails.
     pub timeout: Option<Duration>,
@@ -728,6 +729,13 @@ mod tests {
         assert_eq!(err("a b;rdma_local;size,1;").0, "a b");
         assert_eq!(err("a;rdma_shm;size,1;shm_id,a/b;").0, "shm_id,a/b");
         assert_eq!(err("a;rdma_uverbs;url,tcp://h:1;port,0;").0, "port,0");
+        // Found by fuzzing: a stray bracket made a host that printed as an
+        // unparsable url (`[Y::1]]`).
+        assert_eq!(
+            err("a;rdma_tcp;url,tcp://Y::1]:2333;").0,
+            "url,tcp://Y::1]:2333"
+        );
+        assert_eq!(err("a;rdma_tcp;url,tcp://[a[b]:1;").0, "url,tcp://[a[b]:1");
         assert_eq!(err("a;redis;url,tcp://h:1;size,8;prefix,;").0, "prefix,");
         assert_eq!(
             err("a;redis;url,tcp://h:1;size,8;prefix,a b;").0,

@@ -129,6 +129,17 @@ pub enum Error {
         message: String,
     },
 
+    /// The memory server is at a resource limit (its connection limit, or its budget
+    /// of bytes in flight) and refused the request or connection; retrying later can
+    /// succeed.
+    #[error("memory server {peer} is busy: {message}")]
+    Busy {
+        /// Server address.
+        peer: String,
+        /// The server's message, naming the limit.
+        message: String,
+    },
+
     /// The memory server answered a request with an error.
     #[error("memory server {peer} refused the request ({code:?}): {message}")]
     Remote {

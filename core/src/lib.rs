@@ -39,10 +39,17 @@
 pub mod action;
 pub mod durl;
 pub mod error;
+mod listener;
 pub mod memory;
 pub mod protocol;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+/// Without the `rdma` feature only the pure connection-information codec of
+/// `rdma_uverbs` is built, so tools and fuzzers can check it without libibverbs.
+#[cfg(not(feature = "rdma"))]
+pub mod rdma {
+    pub mod exchange;
+}
 pub mod server;
 pub mod transport;
 

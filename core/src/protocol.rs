@@ -15,7 +15,9 @@
 //! Status 0 is success with the op's result
 //! (`HELLO`: `version: u16, max_frame: u32, size: u64`; `READ`: the bytes in segment
 //! order; `WRITE`: nothing; `SIZE`: `size: u64`), status 1 is an error:
-//! `code: u16, addr: u64, len: u64, size: u64, msg_len: u16, msg`.
+//! `code: u16, addr: u64, len: u64, size: u64, msg_len: u16, msg` (see [`ErrorCode`]).
+//! A server that closes a connection on its own (a limit, a timeout) first sends an
+//! error with request id 0.
 //!
 //! A client may send many requests before reading responses; the server answers in
 //! order. Frames are capped at a maximum length the server announces in its hello
@@ -41,6 +43,8 @@ pub const SEGMENT_BYTES: usize = 12;
 pub const DEFAULT_MAX_FRAME: u32 = 16 * 1024 * 1024 + 64 * 1024;
 /// Smallest maximum frame a server may announce.
 pub const MIN_MAX_FRAME: u32 = 4096;
+/// Longest token a server accepts in a hello (so a hello always fits the smallest frame).
+pub const MAX_TOKEN: usize = 1024;
 
 /// Request operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,10 +75,16 @@ pub enum ErrorCode {
     FrameTooLarge = 4,
     /// The client speaks another protocol version.
     VersionMismatch = 5,
-    /// The server is at its connection limit.
+    /// The server is at a resource limit (connections, or bytes in flight); try later.
     Busy = 6,
     /// Anything else.
     Internal = 7,
+    /// A frame did not arrive whole within the server's request timeout (or a new
+    /// connection sent no hello in time); the server closed the connection.
+    RequestTimeout = 8,
+    /// The connection was idle longer than the server's idle timeout and was closed.
+    /// Sent with request id 0 just before closing.
+    IdleTimeout = 9,
 }
 
 impl ErrorCode {
@@ -87,6 +97,8 @@ impl ErrorCode {
             5 => ErrorCode::VersionMismatch,
             6 => ErrorCode::Busy,
             7 => ErrorCode::Internal,
+            8 => ErrorCode::RequestTimeout,
+            9 => ErrorCode::IdleTimeout,
             _ => return None,
         })
     }

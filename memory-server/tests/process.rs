@@ -2,69 +2,18 @@
 //! on SIGTERM and SIGINT, refuse bad arguments.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::process::Command;
+
+use common::Server;
 
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::{Error, Transport};
 
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_memory_server"))
-            .args(["0", "tcp", "--bind", "127.0.0.1", "--size", "16M"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-
-    fn wait_exit(mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "server did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn serves_and_stops_cleanly_on_sigterm() {
-    let server = Server::start(&[]);
+    let server = Server::start(0, "16M", &[]);
     let c = TcpTransport::connect(&server.addr, TcpOptions::default()).unwrap();
     assert_eq!(c.remote_size().unwrap(), 16 << 20);
     let data: Vec<u8> = (0..3 << 20).map(|i| (i % 253) as u8).collect();
@@ -81,7 +30,7 @@ fn serves_and_stops_cleanly_on_sigterm() {
 
 #[test]
 fn token_protects_the_process_and_sigint_stops_it() {
-    let server = Server::start(&["--token", "tok"]);
+    let server = Server::start(0, "16M", &["--token", "tok"]);
     let err = TcpTransport::connect(&server.addr, TcpOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Auth { .. }), "{err}");
     let good = TcpOptions {
@@ -120,4 +69,54 @@ fn bad_arguments_fail_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stdout)
         .to_lowercase()
         .contains("rdma"));
+}
+
+#[test]
+fn region_tokens_from_flags_and_files() {
+    let dir = std::env::temp_dir().join(format!("scad-regions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("regions");
+    std::fs::write(&file, "# name:offset:len:token\nfiles:4M:1M:file-secret\n").unwrap();
+    let server = Server::start(
+        0,
+        "16M",
+        &[
+            "--region",
+            "flags:0:4M:flag-secret",
+            "--regions-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    let open = |token: &str| {
+        TcpTransport::connect(
+            &server.addr,
+            TcpOptions {
+                token: Some(token.into()),
+                ..TcpOptions::default()
+            },
+        )
+    };
+    assert_eq!(open("flag-secret").unwrap().remote_size().unwrap(), 4 << 20);
+    let files = open("file-secret").unwrap();
+    assert_eq!(files.remote_size().unwrap(), 1 << 20);
+    files.write(0, b"in the file region").unwrap();
+    assert!(matches!(open("wrong"), Err(Error::Auth { .. })));
+    assert!(matches!(
+        TcpTransport::connect(&server.addr, TcpOptions::default()),
+        Err(Error::Auth { .. })
+    ));
+    drop(server);
+    // Regions that do not fit, or do not parse, stop the server from starting.
+    for bad in [["--region", "x:15M:2M:t"], ["--region", "x:0:1M"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_memory_server"))
+            .args(["0", "tcp", "--bind", "127.0.0.1", "--size", "16M"])
+            .args(bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?} should fail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("region"), "{bad:?}: {stderr}");
+        assert!(!stderr.contains("flag-secret"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -133,7 +133,12 @@ fn main() -> Result<()> {
         Ok(left
             .clone()
             .lazy()
-            .join(right.clone().lazy(), [col("key")], [col("key")], JoinArgs::new(polars::prelude::JoinType::Inner))
+            .join(
+                right.clone().lazy(),
+                [col("key")],
+                [col("key")],
+                JoinArgs::new(polars::prelude::JoinType::Inner),
+            )
             .collect()?)
     };
     let mut times = Vec::new();
@@ -145,7 +150,8 @@ fn main() -> Result<()> {
         let out = join_polars()?;
         times.push(t.elapsed());
         expect_rows = out.height();
-        polars_bytes = (left.estimated_size() + right.estimated_size() + out.estimated_size()) as u64;
+        polars_bytes =
+            (left.estimated_size() + right.estimated_size() + out.estimated_size()) as u64;
         pb.inc(1);
     }
     let join_base = {
@@ -157,7 +163,10 @@ fn main() -> Result<()> {
             budget: None,
             baseline: None,
             target: None,
-            note: format!("inputs + output {:.0} MiB in memory", polars_bytes as f64 / 1048576.0),
+            note: format!(
+                "inputs + output {:.0} MiB in memory",
+                polars_bytes as f64 / 1048576.0
+            ),
         };
         let m = r.median();
         rows.push(r);
@@ -172,7 +181,11 @@ fn main() -> Result<()> {
     let build = rf.data_bytes();
     rows.push(Row {
         bench: "load",
-        variant: format!("write both join inputs ({:.0} MiB) to {} tcp memory servers", (lf.data_bytes() + build) as f64 / 1048576.0, args.servers),
+        variant: format!(
+            "write both join inputs ({:.0} MiB) to {} tcp memory servers",
+            (lf.data_bytes() + build) as f64 / 1048576.0,
+            args.servers
+        ),
         times: vec![load],
         stats: None,
         budget: None,
@@ -191,9 +204,15 @@ fn main() -> Result<()> {
             pb.set_message(format!("join at {pct}%"));
             let env = base.with_budget(budget);
             let t = Instant::now();
-            let out = lf.with_env(&env).join(&rf, ["key"], ["key"], JoinType::Inner)?;
+            let out = lf
+                .with_env(&env)
+                .join(&rf, ["key"], ["key"], JoinType::Inner)?;
             times.push(t.elapsed());
-            ensure!(out.rows() == expect_rows, "join at {pct}%: {} rows, polars {expect_rows}", out.rows());
+            ensure!(
+                out.rows() == expect_rows,
+                "join at {pct}%: {} rows, polars {expect_rows}",
+                out.rows()
+            );
             stats = Some(env.stats());
             out.free()?;
             pb.inc(1);
@@ -213,13 +232,24 @@ fn main() -> Result<()> {
     rf.free()?;
 
     // Group-by: n rows, n/10 groups.
-    let aggs = || [col("v").sum().alias("sum_v"), col("x").mean().alias("avg_x"), len().alias("n")];
+    let aggs = || {
+        [
+            col("v").sum().alias("sum_v"),
+            col("x").mean().alias("avg_x"),
+            len().alias("n"),
+        ]
+    };
     let mut times = Vec::new();
     let mut groups = 0;
     for _ in 0..args.reps {
         pb.set_message("polars group-by");
         let t = Instant::now();
-        let out = agg_in.clone().lazy().group_by([col("g")]).agg(aggs()).collect()?;
+        let out = agg_in
+            .clone()
+            .lazy()
+            .group_by([col("g")])
+            .agg(aggs())
+            .collect()?;
         times.push(t.elapsed());
         groups = out.height();
         pb.inc(1);
@@ -247,7 +277,11 @@ fn main() -> Result<()> {
         let t = Instant::now();
         let out = gf.with_env(&env).group_by(&["g"], aggs())?;
         let el = t.elapsed();
-        ensure!(out.rows() == groups, "group-by: {} groups, polars {groups}", out.rows());
+        ensure!(
+            out.rows() == groups,
+            "group-by: {} groups, polars {groups}",
+            out.rows()
+        );
         rows.push(Row {
             bench: "group-by",
             variant: format!("group-by {n} rows, budget {pct}% of input"),
@@ -269,8 +303,16 @@ fn main() -> Result<()> {
             Some(false) => " — target MISSED",
             None => "",
         };
-        let ratio = r.ratio().map(|x| format!(" ({x:.2}x baseline)")).unwrap_or_default();
-        println!("{:<9} {:<70} {:>8.3} s{ratio}{verdict}", r.bench, r.variant, r.median());
+        let ratio = r
+            .ratio()
+            .map(|x| format!(" ({x:.2}x baseline)"))
+            .unwrap_or_default();
+        println!(
+            "{:<9} {:<70} {:>8.3} s{ratio}{verdict}",
+            r.bench,
+            r.variant,
+            r.median()
+        );
         if let Some(s) = &r.stats {
             println!("          {s}");
         }
@@ -283,7 +325,9 @@ fn mib(b: u64) -> f64 {
 }
 
 fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> Result<()> {
-    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
     let mut jsonl = String::new();
     for r in rows {
         let t: Vec<f64> = r.times.iter().map(Duration::as_secs_f64).collect();
@@ -315,7 +359,10 @@ fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> 
     md.push_str("| bench | variant | median s (min..max) | budget MiB | peak local MiB | MiB in / out | partitions | vs baseline | target | verdict |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in rows {
         let t: Vec<f64> = r.times.iter().map(Duration::as_secs_f64).collect();
-        let (lo, hi) = (t.iter().cloned().fold(f64::INFINITY, f64::min), t.iter().cloned().fold(0.0, f64::max));
+        let (lo, hi) = (
+            t.iter().cloned().fold(f64::INFINITY, f64::min),
+            t.iter().cloned().fold(0.0, f64::max),
+        );
         md.push_str(&format!(
             "| {} | {} | {:.3} ({:.3}..{:.3}) | {} | {} | {} | {} | {} | {} | {} |\n",
             r.bench,
@@ -323,13 +370,30 @@ fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> 
             r.median(),
             lo,
             hi,
-            r.budget.map(|b| format!("{:.0}", mib(b))).unwrap_or_default(),
-            r.stats.map(|s| format!("{:.0}", mib(s.peak_local_bytes))).unwrap_or_default(),
-            r.stats.map(|s| format!("{:.0} / {:.0}", mib(s.bytes_in), mib(s.bytes_out))).unwrap_or_default(),
-            r.stats.map(|s| s.partitions.to_string()).unwrap_or_default(),
-            r.ratio().map(|x| format!("{x:.2}x {}", r.baseline.as_ref().map(|b| b.0.as_str()).unwrap_or(""))).unwrap_or_default(),
+            r.budget
+                .map(|b| format!("{:.0}", mib(b)))
+                .unwrap_or_default(),
+            r.stats
+                .map(|s| format!("{:.0}", mib(s.peak_local_bytes)))
+                .unwrap_or_default(),
+            r.stats
+                .map(|s| format!("{:.0} / {:.0}", mib(s.bytes_in), mib(s.bytes_out)))
+                .unwrap_or_default(),
+            r.stats
+                .map(|s| s.partitions.to_string())
+                .unwrap_or_default(),
+            r.ratio()
+                .map(|x| format!(
+                    "{x:.2}x {}",
+                    r.baseline.as_ref().map(|b| b.0.as_str()).unwrap_or("")
+                ))
+                .unwrap_or_default(),
             r.target.map(|x| format!("<= {x}x")).unwrap_or_default(),
-            match r.met() { Some(true) => "MET", Some(false) => "MISSED", None => "" },
+            match r.met() {
+                Some(true) => "MET",
+                Some(false) => "MISSED",
+                None => "",
+            },
         ));
         if !r.note.is_empty() {
             // notes go in the jsonl; keep the table compact
@@ -347,24 +411,39 @@ fn plot(path: &std::path::Path, rows: &[Row]) -> Result<()> {
     root.fill(&WHITE)?;
     let max = shown.iter().map(|r| r.median()).fold(0.0, f64::max) * 1.15;
     let mut chart = ChartBuilder::on(&root)
-        .caption("RemoteFrame kernels vs Polars in memory (seconds, lower is better)", ("sans-serif", 22))
+        .caption(
+            "RemoteFrame kernels vs Polars in memory (seconds, lower is better)",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(35)
         .y_label_area_size(10)
         .build_cartesian_2d(0.0..max.max(0.001), 0..shown.len())?;
-    chart.configure_mesh().disable_y_mesh().disable_y_axis().x_desc("seconds").draw()?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .x_desc("seconds")
+        .draw()?;
     for (i, r) in shown.iter().enumerate() {
         let color = match r.bench {
             "baseline" => RGBColor(120, 120, 120),
             "join" => RGBColor(31, 119, 180),
             _ => RGBColor(44, 160, 44),
         };
-        chart.draw_series(std::iter::once(Rectangle::new([(0.0, i), (r.median(), i + 1)], color.mix(0.8).filled())))?;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(0.0, i), (r.median(), i + 1)],
+            color.mix(0.8).filled(),
+        )))?;
         let label = match r.ratio() {
             Some(x) => format!("{}  {:.2} s  ({x:.2}x)", r.variant, r.median()),
             None => format!("{}  {:.2} s", r.variant, r.median()),
         };
-        chart.draw_series(std::iter::once(Text::new(label, (max * 0.01, i), ("sans-serif", 16).into_font().color(&BLACK))))?;
+        chart.draw_series(std::iter::once(Text::new(
+            label,
+            (max * 0.01, i),
+            ("sans-serif", 16).into_font().color(&BLACK),
+        )))?;
     }
     root.present()?;
     Ok(())

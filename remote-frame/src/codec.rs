@@ -8,13 +8,11 @@
 //! undefined behaviour.
 
 use polars::prelude::{ArrayRef, CompatLevel, DataType, Series};
-use polars_arrow::array::{
-    Array, BooleanArray, NullArray, PrimitiveArray, Utf8ViewArray, View,
-};
+use polars_arrow::array::{Array, BooleanArray, NullArray, PrimitiveArray, Utf8ViewArray, View};
 use polars_arrow::bitmap::Bitmap;
-use polars_buffer::Buffer;
 use polars_arrow::datatypes::ArrowDataType;
 use polars_arrow::types::NativeType;
+use polars_buffer::Buffer;
 
 use crate::error::{Error, Result};
 use crate::meta::{ColumnChunk, ColumnType};
@@ -337,7 +335,11 @@ pub fn decode(
         return Ok(Box::new(NullArray::new(ArrowDataType::Null, rows)));
     }
     let values = it.next().ok_or_else(missing)?;
-    let wrong = || Error::Meta(format!("column {name:?} ({dtype}): buffer of the wrong kind"));
+    let wrong = || {
+        Error::Meta(format!(
+            "column {name:?} ({dtype}): buffer of the wrong kind"
+        ))
+    };
     match (dtype, values) {
         (ColumnType::Boolean, Dest::Bytes(v)) => Ok(Box::new(BooleanArray::try_new(
             ArrowDataType::Boolean,

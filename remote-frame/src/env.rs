@@ -90,7 +90,12 @@ impl FrameEnv {
         Self::build(store, u64::MAX, DEFAULT_CHUNK_ROWS, Vec::new())
     }
 
-    fn build(store: Arc<RemoteStore>, budget: u64, chunk_rows: usize, elements: Vec<String>) -> Self {
+    fn build(
+        store: Arc<RemoteStore>,
+        budget: u64,
+        chunk_rows: usize,
+        elements: Vec<String>,
+    ) -> Self {
         FrameEnv {
             inner: Arc::new(EnvInner {
                 store,
@@ -171,10 +176,18 @@ impl FrameEnv {
     /// Zeroes the counters (the peak restarts from what is held now).
     pub fn reset_stats(&self) {
         let c = &self.inner.counters;
-        for a in [&c.bytes_in, &c.bytes_out, &c.partitions, &c.max_level, &c.nested, &c.time_ns] {
+        for a in [
+            &c.bytes_in,
+            &c.bytes_out,
+            &c.partitions,
+            &c.max_level,
+            &c.nested,
+            &c.time_ns,
+        ] {
             a.store(0, Ordering::Relaxed);
         }
-        c.peak.store(c.current.load(Ordering::Relaxed), Ordering::Relaxed);
+        c.peak
+            .store(c.current.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Bytes of local memory the kernels hold now.
@@ -187,7 +200,10 @@ impl FrameEnv {
     }
 
     pub(crate) fn add_out(&self, n: u64) {
-        self.inner.counters.bytes_out.fetch_add(n, Ordering::Relaxed);
+        self.inner
+            .counters
+            .bytes_out
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn add_partitions(&self, n: u64, level: u32) {
@@ -286,7 +302,7 @@ impl FrameEnv {
             .find_transport(name)
             .and_then(|id| pool.transport(id))
             .ok_or_else(|| {
-                Error::Array(scad_remote_array::Error::UnknownElement {
+                Error::from(scad_remote_array::Error::UnknownElement {
                     name: name.to_owned(),
                     known: self.inner.store.element_names().join(", "),
                 })
@@ -308,7 +324,8 @@ impl Held {
     pub(crate) fn set(&mut self, bytes: u64) {
         let c = &self.env.inner.counters;
         if bytes >= self.bytes {
-            let now = c.current.fetch_add(bytes - self.bytes, Ordering::Relaxed) + bytes - self.bytes;
+            let now =
+                c.current.fetch_add(bytes - self.bytes, Ordering::Relaxed) + bytes - self.bytes;
             c.peak.fetch_max(now, Ordering::Relaxed);
         } else {
             c.current.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
@@ -337,6 +354,10 @@ pub(crate) struct Timer {
 impl Drop for Timer {
     fn drop(&mut self) {
         let ns = self.start.elapsed().as_nanos() as u64;
-        self.env.inner.counters.time_ns.fetch_add(ns, Ordering::Relaxed);
+        self.env
+            .inner
+            .counters
+            .time_ns
+            .fetch_add(ns, Ordering::Relaxed);
     }
 }

@@ -9,7 +9,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// The store, allocator or pool of `scad-remote-array` failed.
     #[error(transparent)]
-    Array(#[from] scad_remote_array::Error),
+    Array(Box<scad_remote_array::Error>),
 
     /// A transport call moving frame data failed.
     #[error("{op} of {len} bytes at {addr:#x} on memory element {element:?} failed: {source}")]
@@ -24,16 +24,16 @@ pub enum Error {
         len: u64,
         /// Cause.
         #[source]
-        source: scad_core::Error,
+        source: Box<scad_core::Error>,
     },
 
     /// Polars failed while evaluating an expression or a per-batch operation.
     #[error("polars: {0}")]
-    Polars(#[from] polars::prelude::PolarsError),
+    Polars(Box<polars::prelude::PolarsError>),
 
     /// Arrow (arrow-rs) failed while converting record batches.
     #[error("arrow: {0}")]
-    Arrow(#[from] arrow_schema::ArrowError),
+    Arrow(Box<arrow_schema::ArrowError>),
 
     /// Frame metadata is malformed JSON.
     #[error("frame metadata is not valid JSON: {0}")]
@@ -104,4 +104,22 @@ pub enum Error {
     /// A bad argument (empty key list, mismatched key counts, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+}
+
+impl From<scad_remote_array::Error> for Error {
+    fn from(e: scad_remote_array::Error) -> Self {
+        Error::Array(Box::new(e))
+    }
+}
+
+impl From<polars::prelude::PolarsError> for Error {
+    fn from(e: polars::prelude::PolarsError) -> Self {
+        Error::Polars(Box::new(e))
+    }
+}
+
+impl From<arrow_schema::ArrowError> for Error {
+    fn from(e: arrow_schema::ArrowError) -> Self {
+        Error::Arrow(Box::new(e))
+    }
 }

@@ -115,7 +115,12 @@ impl RemoteFrame {
         self.meta
             .schema
             .iter()
-            .map(|c| (PlSmallStr::from(c.name.as_str()), codec::polars_type(c.dtype)))
+            .map(|c| {
+                (
+                    PlSmallStr::from(c.name.as_str()),
+                    codec::polars_type(c.dtype),
+                )
+            })
             .collect()
     }
 
@@ -198,7 +203,9 @@ impl RemoteFrame {
             .iter()
             .map(|ch| {
                 cols.iter()
-                    .map(|&i| codec::destinations(schema[i].dtype, ch.rows as usize, &ch.columns[i]))
+                    .map(|&i| {
+                        codec::destinations(schema[i].dtype, ch.rows as usize, &ch.columns[i])
+                    })
                     .collect()
             })
             .collect();
@@ -232,13 +239,14 @@ impl RemoteFrame {
             let t = env.transport(name)?;
             let first = ops.first().map(|o| o.addr).unwrap_or(0);
             let len: u64 = ops.iter().map(|o| o.dst.len() as u64).sum();
-            t.read_vectored(&mut ops).map_err(|source| Error::Transport {
-                op: "read",
-                element: name.to_owned(),
-                addr: first,
-                len,
-                source,
-            })
+            t.read_vectored(&mut ops)
+                .map_err(|source| Error::Transport {
+                    op: "read",
+                    element: name.to_owned(),
+                    addr: first,
+                    len,
+                    source: Box::new(source),
+                })
         };
         if by_element.len() <= 1 {
             by_element.into_iter().try_for_each(read_one)?;
@@ -257,11 +265,20 @@ impl RemoteFrame {
         }
         env.add_in(total);
         // Arrays per column, chunk after chunk.
-        let mut per_col: Vec<Vec<ArrayRef>> = cols.iter().map(|_| Vec::with_capacity(chunks.len())).collect();
+        let mut per_col: Vec<Vec<ArrayRef>> = cols
+            .iter()
+            .map(|_| Vec::with_capacity(chunks.len()))
+            .collect();
         for (ch, cd) in chunks.iter().zip(dests) {
             for ((k, &i), ds) in cols.iter().enumerate().zip(cd) {
                 let c = &schema[i];
-                per_col[k].push(codec::decode(&c.name, c.dtype, ch.rows as usize, &ch.columns[i], ds)?);
+                per_col[k].push(codec::decode(
+                    &c.name,
+                    c.dtype,
+                    ch.rows as usize,
+                    &ch.columns[i],
+                    ds,
+                )?);
             }
         }
         let mut columns: Vec<Column> = Vec::with_capacity(cols.len());
@@ -341,9 +358,11 @@ impl Iterator for Batches {
             self.spawn_next();
         }
         let (h, held) = self.ahead.take()?;
-        let out = h
-            .join()
-            .unwrap_or_else(|_| Err(Error::InvalidArgument("the read-ahead thread panicked".into())));
+        let out = h.join().unwrap_or_else(|_| {
+            Err(Error::InvalidArgument(
+                "the read-ahead thread panicked".into(),
+            ))
+        });
         drop(held); // the caller counts the batch it holds
         if out.is_ok() {
             self.spawn_next();
@@ -486,7 +505,10 @@ impl FrameWriter {
         let ops: Vec<WriteOp<'_>> = pieces
             .iter()
             .filter(|(_, b)| !b.is_empty())
-            .map(|&(o, src)| WriteOp { addr: addr + o, src })
+            .map(|&(o, src)| WriteOp {
+                addr: addr + o,
+                src,
+            })
             .collect();
         if !ops.is_empty() {
             let t = self.env.transport(&element)?;
@@ -497,11 +519,12 @@ impl FrameWriter {
                     element,
                     addr,
                     len: bytes,
-                    source,
+                    source: Box::new(source),
                 });
             }
         }
-        self.env.add_out(pieces.iter().map(|(_, b)| b.len() as u64).sum());
+        self.env
+            .add_out(pieces.iter().map(|(_, b)| b.len() as u64).sum());
         self.rows += df.height() as u64;
         self.chunks.push(ChunkMeta {
             rows: df.height() as u64,
@@ -555,7 +578,11 @@ fn check_same_schema(want: &[ColumnMeta], got: &[ColumnMeta]) -> Result<()> {
             None => {
                 return Err(Error::UnknownColumn {
                     name: g.name.clone(),
-                    known: want.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", "),
+                    known: want
+                        .iter()
+                        .map(|w| w.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 })
             }
             Some(w) if w.dtype != g.dtype => {
@@ -571,8 +598,14 @@ fn check_same_schema(want: &[ColumnMeta], got: &[ColumnMeta]) -> Result<()> {
     if want.len() != got.len() || want.iter().zip(got).any(|(w, g)| w.name != g.name) {
         return Err(Error::InvalidArgument(format!(
             "columns [{}] do not match the frame's [{}]",
-            got.iter().map(|g| g.name.as_str()).collect::<Vec<_>>().join(", "),
-            want.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", ")
+            got.iter()
+                .map(|g| g.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            want.iter()
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     Ok(())

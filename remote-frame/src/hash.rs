@@ -121,7 +121,8 @@ pub fn row_hashes(df: &DataFrame, keys: &[String], seed: u64) -> Result<Vec<u64>
 /// As [`row_hashes`]; Polars errors from the gather.
 pub fn split(df: &DataFrame, keys: &[String], level: u32, parts: usize) -> Result<Vec<DataFrame>> {
     let hashes = row_hashes(df, keys, u64::from(level) + 1)?;
-    let mut idx: Vec<Vec<IdxSize>> = vec![Vec::with_capacity(df.height() / parts.max(1) + 16); parts];
+    let mut idx: Vec<Vec<IdxSize>> =
+        vec![Vec::with_capacity(df.height() / parts.max(1) + 16); parts];
     for (row, h) in hashes.iter().enumerate() {
         // Multiply-shift range reduction of the high 32 bits (no division).
         let p = ((h >> 32) * parts as u64) >> 32;

@@ -18,15 +18,17 @@ use polars_arrow::ffi as pa_ffi;
 use crate::error::{Error, Result};
 
 // The two sides' structs must have the same size for the reinterpretation below.
-const _: () = assert!(std::mem::size_of::<pa_ffi::ArrowArray>() == std::mem::size_of::<FFI_ArrowArray>());
-const _: () = assert!(std::mem::size_of::<pa_ffi::ArrowSchema>() == std::mem::size_of::<FFI_ArrowSchema>());
+const _: () =
+    assert!(std::mem::size_of::<pa_ffi::ArrowArray>() == std::mem::size_of::<FFI_ArrowArray>());
+const _: () =
+    assert!(std::mem::size_of::<pa_ffi::ArrowSchema>() == std::mem::size_of::<FFI_ArrowSchema>());
 
-fn polars_to_arrow(array: Box<dyn polars_arrow::array::Array>, name: &str) -> Result<ArrowArrayRef> {
-    let field = polars_arrow::datatypes::Field::new(
-        PlSmallStr::from(name),
-        array.dtype().clone(),
-        true,
-    );
+fn polars_to_arrow(
+    array: Box<dyn polars_arrow::array::Array>,
+    name: &str,
+) -> Result<ArrowArrayRef> {
+    let field =
+        polars_arrow::datatypes::Field::new(PlSmallStr::from(name), array.dtype().clone(), true);
     let c_schema = pa_ffi::export_field_to_c(&field);
     let c_array = pa_ffi::export_array_to_c(array);
     // SAFETY: both types are `#[repr(C)]` renderings of the Arrow C data interface
@@ -68,7 +70,11 @@ fn arrow_to_polars(array: &ArrowArrayRef, name: &str) -> Result<Series> {
 pub fn to_record_batches(df: &DataFrame) -> Result<Vec<RecordBatch>> {
     let mut df = df.clone();
     df.align_chunks_par();
-    let names: Vec<String> = df.get_column_names().iter().map(|s| s.to_string()).collect();
+    let names: Vec<String> = df
+        .get_column_names()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let n_chunks = df
         .columns()
         .first()
@@ -79,11 +85,18 @@ pub fn to_record_batches(df: &DataFrame) -> Result<Vec<RecordBatch>> {
         let mut fields = Vec::with_capacity(names.len());
         let mut arrays = Vec::with_capacity(names.len());
         for (c, name) in df.columns().iter().zip(&names) {
-            let a = polars_to_arrow(c.as_materialized_series().to_arrow(i, CompatLevel::newest()), name)?;
+            let a = polars_to_arrow(
+                c.as_materialized_series()
+                    .to_arrow(i, CompatLevel::newest()),
+                name,
+            )?;
             fields.push(Field::new(name, a.data_type().clone(), true));
             arrays.push(a);
         }
-        out.push(RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), arrays)?);
+        out.push(RecordBatch::try_new(
+            Arc::new(ArrowSchema::new(fields)),
+            arrays,
+        )?);
     }
     Ok(out)
 }

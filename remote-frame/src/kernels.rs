@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
 
 /// Deepest re-partitioning level before a kernel gives up.
-pub const MAX_LEVEL: u32 = 6;
+pub const MAX_LEVEL: u32 = 8;
 /// Most partitions one partitioning pass makes.
 pub const MAX_PARTITIONS: usize = 256;
 /// Largest batch a streaming kernel reads at once, whatever the budget.
@@ -92,14 +92,14 @@ fn roots(e: &[Expr]) -> Vec<String> {
 }
 
 /// Partitions for one pass: enough for each to fit the budget, but no more than
-/// keeps the pieces of one streamed batch at 64 rows or more on average (tiny
+/// keeps the pieces of one streamed batch at 16 rows or more on average (tiny
 /// pieces cost more in per-chunk overhead than another level of partitioning).
 fn parts_for(frame: &RemoteFrame, bytes: u64, need: u64, budget: u64, batch: u64) -> usize {
     let per = (budget / 10 * 8).max(1);
     let wanted = need.div_ceil(per) as usize;
     let row_bytes = (bytes / frame.rows().max(1) as u64).max(1);
     let batch_rows = (batch / row_bytes).max(1) as usize;
-    wanted.min(batch_rows / 64).clamp(2, MAX_PARTITIONS)
+    wanted.min(batch_rows / 16).clamp(2, MAX_PARTITIONS)
 }
 
 fn print_key(df: &DataFrame, keys: &[String]) -> String {
@@ -239,7 +239,11 @@ impl RemoteFrame {
     ///
     /// # Errors
     /// [`Error::BudgetExceeded`] when the frame does not fit; [`Error::UnknownColumn`].
-    pub fn sort<S: AsRef<str>>(&self, by: &[S], options: SortMultipleOptions) -> Result<RemoteFrame> {
+    pub fn sort<S: AsRef<str>>(
+        &self,
+        by: &[S],
+        options: SortMultipleOptions,
+    ) -> Result<RemoteFrame> {
         let _t = self.env().timer();
         let by = names(by);
         self.column_indices(&by)?;
@@ -255,7 +259,12 @@ impl RemoteFrame {
         let mut held = self.env().hold(est(&df));
         let out = df
             .lazy()
-            .sort(by.iter().map(|s| PlSmallStr::from(s.as_str())).collect::<Vec<_>>(), options)
+            .sort(
+                by.iter()
+                    .map(|s| PlSmallStr::from(s.as_str()))
+                    .collect::<Vec<_>>(),
+                options,
+            )
             .collect()?;
         held.set(2 * est(&out));
         RemoteFrame::from_polars_untimed(self.env(), &out)
@@ -273,7 +282,10 @@ impl RemoteFrame {
         n: usize,
     ) -> Result<RemoteFrame> {
         let _t = self.env().timer();
-        let by: Vec<PlSmallStr> = names(by).iter().map(|s| PlSmallStr::from(s.as_str())).collect();
+        let by: Vec<PlSmallStr> = names(by)
+            .iter()
+            .map(|s| PlSmallStr::from(s.as_str()))
+            .collect();
         self.column_indices(&by.iter().map(|s| s.as_str()).collect::<Vec<_>>())?;
         let env = self.env();
         let mut best = empty_of(self, &self.column_names());
@@ -281,10 +293,7 @@ impl RemoteFrame {
         for b in self.batches::<&str>(None, self.stream_bytes())? {
             let b = b?;
             held.set(est(&best) + 2 * est(&b));
-            let both = pl::concat(
-                [best.lazy(), b.lazy()],
-                pl::UnionArgs::default(),
-            )?;
+            let both = pl::concat([best.lazy(), b.lazy()], pl::UnionArgs::default())?;
             best = both
                 .sort(by.clone(), options.clone())
                 .limit(n as pl::IdxSize)
@@ -313,7 +322,11 @@ impl RemoteFrame {
         self.column_indices(&keys)?;
         let k2 = keys.clone();
         let f = move |df: DataFrame| -> Result<DataFrame> {
-            let sel = pl::cols(k2.iter().map(|s| PlSmallStr::from(s.as_str())).collect::<Vec<_>>());
+            let sel = pl::cols(
+                k2.iter()
+                    .map(|s| PlSmallStr::from(s.as_str()))
+                    .collect::<Vec<_>>(),
+            );
             Ok(df
                 .lazy()
                 .unique(Some(sel), UniqueKeepStrategy::Any)
@@ -331,11 +344,17 @@ impl RemoteFrame {
     /// # Errors
     /// [`Error::UnknownColumn`]; [`Error::Skew`] when one group alone exceeds the
     /// budget; Polars, transport and allocation errors.
-    pub fn group_by<S: AsRef<str>, E: AsRef<[Expr]>>(&self, keys: &[S], aggs: E) -> Result<RemoteFrame> {
+    pub fn group_by<S: AsRef<str>, E: AsRef<[Expr]>>(
+        &self,
+        keys: &[S],
+        aggs: E,
+    ) -> Result<RemoteFrame> {
         let _t = self.env().timer();
         let keys = names(keys);
         if keys.is_empty() {
-            return Err(Error::InvalidArgument("group_by needs at least one key".into()));
+            return Err(Error::InvalidArgument(
+                "group_by needs at least one key".into(),
+            ));
         }
         let aggs = aggs.as_ref().to_vec();
         let mut cols = keys.clone();
@@ -394,7 +413,11 @@ impl RemoteFrame {
         if let Some((key, key_bytes)) = self.skewed_key(keys, bytes, parent_rows)? {
             return Err(Error::Skew {
                 kernel,
-                partition: if path.is_empty() { "/".into() } else { path.to_owned() },
+                partition: if path.is_empty() {
+                    "/".into()
+                } else {
+                    path.to_owned()
+                },
                 level,
                 key,
                 bytes: key_bytes,
@@ -456,7 +479,10 @@ impl RemoteFrame {
             .lazy()
             .group_by(exprs(keys))
             .agg([pl::len().alias("__scad_count")])
-            .sort(["__scad_count"], SortMultipleOptions::default().with_order_descending(true))
+            .sort(
+                ["__scad_count"],
+                SortMultipleOptions::default().with_order_descending(true),
+            )
             .limit(1)
             .collect()?;
         if top.height() == 0 {
@@ -473,7 +499,13 @@ impl RemoteFrame {
     }
 
     /// Hash-partitions columns `cols` by `keys` into `parts` new frames.
-    fn partition(&self, keys: &[String], cols: &[String], level: u32, parts: usize) -> Result<Vec<RemoteFrame>> {
+    fn partition(
+        &self,
+        keys: &[String],
+        cols: &[String],
+        level: u32,
+        parts: usize,
+    ) -> Result<Vec<RemoteFrame>> {
         let env = self.env();
         let sub = empty_of(self, cols);
         let mut writers = (0..parts)
@@ -562,7 +594,11 @@ impl RemoteFrame {
             }
         }
         let right = other.with_env(self.env());
-        let rcols = if how.keys_only() { rk.clone() } else { right.column_names() };
+        let rcols = if how.keys_only() {
+            rk.clone()
+        } else {
+            right.column_names()
+        };
         let job = Join { lk, rk, rcols, how };
         let mut w = FrameWriter::new(self.env()).coalescing();
         job.run(self, &right, 0, String::new(), None, &mut w)?;
@@ -623,7 +659,10 @@ impl Partitioned<'_> {
         }
         if level >= MAX_LEVEL {
             return Err(Error::BudgetExceeded {
-                what: format!("{} partition {path} after {level} levels of partitioning", self.kernel),
+                what: format!(
+                    "{} partition {path} after {level} levels of partitioning",
+                    self.kernel
+                ),
                 need,
                 budget,
             });
@@ -646,7 +685,8 @@ impl Partitioned<'_> {
         for b in frame.batches(Some(self.cols), (env.budget() / 5).clamp(1, STREAM_CAP))? {
             let b = b?;
             held.set(est(&acc) + 2 * est(&b));
-            acc = (self.f)(pl::concat([acc.lazy(), b.lazy()], pl::UnionArgs::default())?.collect()?)?;
+            acc =
+                (self.f)(pl::concat([acc.lazy(), b.lazy()], pl::UnionArgs::default())?.collect()?)?;
             if est(&acc) > limit {
                 return Ok(None);
             }
@@ -705,17 +745,29 @@ struct Join {
 
 impl Join {
     fn join_dfs(&self, l: DataFrame, r: DataFrame) -> Result<DataFrame> {
-        Ok(l
-            .lazy()
-            .join(r.lazy(), exprs(&self.lk), exprs(&self.rk), JoinArgs::new(self.how.polars()))
+        Ok(l.lazy()
+            .join(
+                r.lazy(),
+                exprs(&self.lk),
+                exprs(&self.rk),
+                JoinArgs::new(self.how.polars()),
+            )
             .collect()?)
     }
 
     fn read_right(&self, right: &RemoteFrame) -> Result<DataFrame> {
         let df = right.select_columns(&self.rcols)?;
         if self.how.keys_only() {
-            let sel = pl::cols(self.rk.iter().map(|s| PlSmallStr::from(s.as_str())).collect::<Vec<_>>());
-            Ok(df.lazy().unique(Some(sel), UniqueKeepStrategy::Any).collect()?)
+            let sel = pl::cols(
+                self.rk
+                    .iter()
+                    .map(|s| PlSmallStr::from(s.as_str()))
+                    .collect::<Vec<_>>(),
+            );
+            Ok(df
+                .lazy()
+                .unique(Some(sel), UniqueKeepStrategy::Any)
+                .collect()?)
         } else {
             Ok(df)
         }
@@ -737,17 +789,25 @@ impl Join {
         let env = left.env();
         let budget = env.budget();
         let lb = left.data_bytes();
-        let rb = right.meta().column_bytes(&right.column_indices(&self.rcols)?);
+        let rb = right
+            .meta()
+            .column_bytes(&right.column_indices(&self.rcols)?);
         let need = if self.how.keys_only() {
             lb.saturating_mul(2).saturating_add(rb)
         } else {
             lb.saturating_add(rb).saturating_mul(2)
         };
         if need <= budget {
-            let l = left.to_polars()?;
-            let mut held = env.hold(est(&l));
-            let r = self.read_right(right)?;
-            held.set(est(&l) + est(&r));
+            // Both sides at once: their transfers overlap.
+            let (l, r) = std::thread::scope(|s| {
+                let r = s.spawn(|| self.read_right(right));
+                let l = left.to_polars();
+                let r = r.join().unwrap_or_else(|_| {
+                    Err(Error::InvalidArgument("a read thread panicked".into()))
+                });
+                Ok::<_, Error>((l?, r?))
+            })?;
+            let mut held = env.hold(est(&l) + est(&r));
             let base = est(&l) + est(&r);
             let out = self.join_dfs(l, r)?;
             held.set(base + est(&out));
@@ -779,13 +839,17 @@ impl Join {
         }
         if level >= MAX_LEVEL {
             return Err(Error::BudgetExceeded {
-                what: format!("{} partition {path} after {level} levels of partitioning", self.how.name()),
+                what: format!(
+                    "{} partition {path} after {level} levels of partitioning",
+                    self.how.name()
+                ),
                 need,
                 budget,
             });
         }
         let batch = left.stream_bytes();
-        let p = parts_for(left, lb, need, budget, batch).min(parts_for(right, rb, need, budget, batch));
+        let p =
+            parts_for(left, lb, need, budget, batch).min(parts_for(right, rb, need, budget, batch));
         let p = p.max(2);
         let lparts = left.partition(&self.lk, &left.column_names(), level, p)?;
         let rparts = match right.partition(&self.rk, &self.rcols, level, p) {
@@ -808,7 +872,14 @@ impl Join {
     fn distinct_right_keys(&self, right: &RemoteFrame) -> Result<Option<DataFrame>> {
         let env = right.env();
         let limit = env.budget() / 10 * 4;
-        let sel = || pl::cols(self.rk.iter().map(|s| PlSmallStr::from(s.as_str())).collect::<Vec<_>>());
+        let sel = || {
+            pl::cols(
+                self.rk
+                    .iter()
+                    .map(|s| PlSmallStr::from(s.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+        };
         let mut acc = empty_of(right, &self.rk);
         let mut held = env.hold(0);
         for b in right.batches(Some(&self.rk), (env.budget() / 5).clamp(1, STREAM_CAP))? {
@@ -843,7 +914,12 @@ impl Join {
 
     /// Inner join of a partition whose right side is dominated by one key: every page
     /// of the right side against every batch of the left side.
-    fn nested_loop(&self, left: &RemoteFrame, right: &RemoteFrame, w: &mut FrameWriter) -> Result<()> {
+    fn nested_loop(
+        &self,
+        left: &RemoteFrame,
+        right: &RemoteFrame,
+        w: &mut FrameWriter,
+    ) -> Result<()> {
         let env = left.env();
         env.add_nested();
         let page = (env.budget() / 10 * 3).max(1);

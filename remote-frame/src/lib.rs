@@ -101,7 +101,10 @@ impl RemoteFrame {
     /// # Errors
     /// [`Error::InvalidArgument`] for no batches or mixed schemas; as
     /// [`RemoteFrame::from_polars`].
-    pub fn from_record_batches(env: &FrameEnv, batches: &[arrow_array::RecordBatch]) -> Result<Self> {
+    pub fn from_record_batches(
+        env: &FrameEnv,
+        batches: &[arrow_array::RecordBatch],
+    ) -> Result<Self> {
         let df = interop::from_record_batches(batches)?;
         Self::from_polars(env, &df)
     }

@@ -213,9 +213,9 @@ impl FrameMeta {
         }
         let mut rows = 0u64;
         for (k, ch) in self.chunks.iter().enumerate() {
-            rows = rows.checked_add(ch.rows).ok_or_else(|| {
-                Error::Meta(format!("row count overflows at chunk {k}"))
-            })?;
+            rows = rows
+                .checked_add(ch.rows)
+                .ok_or_else(|| Error::Meta(format!("row count overflows at chunk {k}")))?;
             if ch.columns.len() != self.schema.len() {
                 return bad(format!(
                     "chunk {k} has {} columns, the schema {}",
@@ -261,7 +261,10 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
     }
     for b in &cc.buffers {
         if b.offset % BUFFER_ALIGN != 0 {
-            return bad(format!("buffer offset {} is not {BUFFER_ALIGN}-byte aligned", b.offset));
+            return bad(format!(
+                "buffer offset {} is not {BUFFER_ALIGN}-byte aligned",
+                b.offset
+            ));
         }
         match b.offset.checked_add(b.len) {
             Some(end) if end <= ch.bytes => {}
@@ -279,7 +282,12 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
     if has_validity {
         match bufs.next() {
             Some(b) if b.len == bitmap_len => {}
-            Some(b) => return bad(format!("validity bitmap of {} bytes, expected {bitmap_len}", b.len)),
+            Some(b) => {
+                return bad(format!(
+                    "validity bitmap of {} bytes, expected {bitmap_len}",
+                    b.len
+                ))
+            }
             None => return bad("validity bitmap missing".into()),
         }
     }
@@ -306,7 +314,10 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
         t => {
             let w = t.width().unwrap_or(1);
             if rest.len() != 1 || rest[0].len != ch.rows * w {
-                return bad(format!("expected one values buffer of {} bytes", ch.rows * w));
+                return bad(format!(
+                    "expected one values buffer of {} bytes",
+                    ch.rows * w
+                ));
             }
         }
     }

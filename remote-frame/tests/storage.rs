@@ -22,8 +22,12 @@ fn round_trip_all_types_tcp_and_local() {
         let back = frame.to_polars().unwrap();
         assert!(back.equals_missing(&df), "{backend:?}: round trip differs");
         // Chunks went to both memory elements.
-        let elements: std::collections::BTreeSet<_> =
-            frame.meta().chunks.iter().map(|c| c.element.clone()).collect();
+        let elements: std::collections::BTreeSet<_> = frame
+            .meta()
+            .chunks
+            .iter()
+            .map(|c| c.element.clone())
+            .collect();
         assert_eq!(elements.len(), 2, "{backend:?}");
         let stats = env.stats();
         assert!(stats.bytes_out > 0 && stats.bytes_in > 0, "{stats:?}");
@@ -67,7 +71,11 @@ fn projection_reads_only_its_columns_and_batches_cover_all_rows() {
     assert!(sub.equals_missing(&df.select(["qty", "name"]).unwrap()));
     let moved = env.stats().bytes_in;
     let idx = frame.column_indices(&["qty", "name"]).unwrap();
-    assert_eq!(moved, frame.meta().column_bytes(&idx), "only the projected buffers move");
+    assert_eq!(
+        moved,
+        frame.meta().column_bytes(&idx),
+        "only the projected buffers move"
+    );
     assert!(moved < frame.data_bytes() / 2);
 
     let mut rows = 0;
@@ -87,7 +95,10 @@ fn projection_reads_only_its_columns_and_batches_cover_all_rows() {
 
     let err = frame.select_columns(&["nope"]).unwrap_err();
     assert!(matches!(err, Error::UnknownColumn { .. }), "{err}");
-    assert!(err.to_string().contains("nope") && err.to_string().contains("qty"), "{err}");
+    assert!(
+        err.to_string().contains("nope") && err.to_string().contains("qty"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -125,26 +136,37 @@ fn metadata_round_trips_and_bad_metadata_is_refused() {
     m.chunks[0].columns[0].buffers[0].offset = m.chunks[0].bytes;
     expect_meta(m, "outside");
 
-    assert!(matches!(RemoteFrame::from_json(&env, "{\"version\": 1"), Err(Error::MetaJson(_))));
+    assert!(matches!(
+        RemoteFrame::from_json(&env, "{\"version\": 1"),
+        Err(Error::MetaJson(_))
+    ));
     assert!(matches!(
         RemoteFrame::from_json(&env, &json.replace("\"int64\"", "\"int65\"")),
         Err(Error::MetaJson(_))
     ));
     // A type swapped for one of another width is caught by the buffer sizes.
-    let err = RemoteFrame::from_json(&env, &json.replacen("\"int64\"", "\"int32\"", 1)).unwrap_err();
+    let err =
+        RemoteFrame::from_json(&env, &json.replacen("\"int64\"", "\"int32\"", 1)).unwrap_err();
     assert!(matches!(err, Error::Meta(_)), "{err}");
 }
 
 #[test]
 fn corrupted_string_views_give_an_error_not_garbage() {
     let e = env(Backend::Local, 4 << 20);
-    let df = df!("s" => ["a string longer than twelve bytes", "another one of those here"]).unwrap();
+    let df =
+        df!("s" => ["a string longer than twelve bytes", "another one of those here"]).unwrap();
     let frame = RemoteFrame::from_polars(&e.env, &df).unwrap();
     let c = &frame.meta().chunks[0];
     let views = c.columns[0].buffers[0];
     // Point the first view's buffer index far away.
-    let t = e.env.store().pool().transport(e.env.store().pool().find_transport(&c.element).unwrap()).unwrap();
-    t.write(c.addr + views.offset + 8, &77u32.to_le_bytes()).unwrap();
+    let t = e
+        .env
+        .store()
+        .pool()
+        .transport(e.env.store().pool().find_transport(&c.element).unwrap())
+        .unwrap();
+    t.write(c.addr + views.offset + 8, &77u32.to_le_bytes())
+        .unwrap();
     let err = frame.to_polars().unwrap_err();
     assert!(matches!(err, Error::Polars(_) | Error::Meta(_)), "{err}");
 }
@@ -154,13 +176,28 @@ fn writer_refuses_mismatched_batches() {
     let e = env(Backend::Local, 4 << 20);
     let mut w = scad_remote_frame::FrameWriter::new(&e.env);
     w.push(&df!("a" => [1i64], "b" => ["x"]).unwrap()).unwrap();
-    let err = w.push(&df!("a" => [1i32], "b" => ["x"]).unwrap()).unwrap_err();
-    assert!(matches!(&err, Error::TypeMismatch { column, .. } if column == "a"), "{err}");
-    let err = w.push(&df!("a" => [1i64], "c" => ["x"]).unwrap()).unwrap_err();
-    assert!(matches!(&err, Error::UnknownColumn { name, .. } if name == "c"), "{err}");
+    let err = w
+        .push(&df!("a" => [1i32], "b" => ["x"]).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::TypeMismatch { column, .. } if column == "a"),
+        "{err}"
+    );
+    let err = w
+        .push(&df!("a" => [1i64], "c" => ["x"]).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownColumn { name, .. } if name == "c"),
+        "{err}"
+    );
     let err = RemoteFrame::from_polars(
         &e.env,
-        &df!("t" => [1i64]).unwrap().lazy().select([col("t").implode(true)]).collect().unwrap(),
+        &df!("t" => [1i64])
+            .unwrap()
+            .lazy()
+            .select([col("t").implode(true)])
+            .collect()
+            .unwrap(),
     );
     assert!(matches!(err, Err(Error::UnsupportedType { .. })), "{err:?}");
 }
@@ -173,8 +210,14 @@ fn record_batches_round_trip() {
     let frame = RemoteFrame::from_polars(&env, &df).unwrap();
     let batches = frame.to_record_batches().unwrap();
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 300);
-    assert_eq!(batches[0].schema().field(4).data_type(), &arrow_schema::DataType::Date32);
-    assert!(matches!(batches[0].schema().field(6).data_type(), arrow_schema::DataType::Decimal128(12, 2)));
+    assert_eq!(
+        batches[0].schema().field(4).data_type(),
+        &arrow_schema::DataType::Date32
+    );
+    assert!(matches!(
+        batches[0].schema().field(6).data_type(),
+        arrow_schema::DataType::Decimal128(12, 2)
+    ));
     let again = RemoteFrame::from_record_batches(&env, &batches).unwrap();
     assert_same(&again.to_polars().unwrap(), &df, "arrow round trip");
     assert!(RemoteFrame::from_record_batches(&env, &[]).is_err());

@@ -101,7 +101,7 @@ pub fn generate(options: &GenerateOptions) -> Result<DataSet, TpcdsError> {
             root.display()
         )));
     }
-    if !(options.sf > 0.0) {
+    if options.sf.is_nan() || options.sf <= 0.0 {
         return Err(TpcdsError::Generator(format!(
             "scale factor must be positive, got {}",
             options.sf

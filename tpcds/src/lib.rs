@@ -28,6 +28,23 @@
 //! The data and the reference answers come from `tpcds/gen_data.py` (DuckDB with the
 //! TPC-DS extension from PyPI); see the README's TPC-DS section.
 //!
+//! # Porting a step to remote-frame
+//!
+//! Each step's [`pipeline::Step::inputs`] says which parents (or which base table and
+//! columns) it reads, and [`pipeline::Step::kernels`] which kernels it applies in
+//! order. What the kernels must support for these queries:
+//! * filter: `=` on strings and integers, `BETWEEN` on a `Date` (as `Int32` days),
+//!   `IS NOT NULL`, `<>` and `>` between two columns (`Decimal` cast to `Float64`);
+//! * project: rename, cast (`Decimal` → `Float64`, unscaled `Int128` → `Float64`,
+//!   count → `Int64`, sum → `Decimal(38, s)`), `/`, `*`, and `CASE WHEN count = 0 THEN NULL`;
+//! * hash join: inner, semi and anti on single `Int64` keys, NULL keys never matching;
+//!   `ws_wh` in q95 is an inner self-join of `web_sales` (the largest intermediate:
+//!   several rows per order squared);
+//! * group-by: sum and non-NULL count of `Decimal(7,2)` / `Decimal(38,2)`, min and max of
+//!   `Int64`, count distinct without NULLs, also as a global aggregate (no keys) that
+//!   yields one row on empty input;
+//! * sort with NULLs last, limit, distinct.
+//!
 //! # Thread safety
 //! Pipelines, steps and loaded tables are `Send + Sync`; a run uses Polars' own
 //! thread pool.

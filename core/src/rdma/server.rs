@@ -7,13 +7,10 @@
 //! client, and tells it the region's address, key and size. The queue pair lives as long
 //! as that TCP connection; the device enforces the region's bounds on every access.
 
-use std::collections::HashMap;
 use std::io::{self, Read};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
-};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -26,6 +23,7 @@ use super::qp::{PreparedQp, QpConfig, Role};
 use super::session::{self, ServeError};
 use crate::durl::TransportConfig;
 use crate::error::{Error, Result};
+use crate::listener::{self, Hub};
 use crate::memory::MemoryRegion;
 
 /// Settings of an [`RdmaServer`].
@@ -68,12 +66,6 @@ pub struct RdmaServerStats {
     pub refused: u64,
 }
 
-#[derive(Debug, Default)]
-struct Live {
-    streams: HashMap<u64, TcpStream>,
-    handlers: Vec<JoinHandle<()>>,
-}
-
 #[derive(Debug)]
 struct Shared {
     /// Declared before `region`: deregistered before the region's memory can go.
@@ -81,14 +73,10 @@ struct Shared {
     region: Arc<MemoryRegion>,
     pd: Arc<Pd>,
     config: RdmaServerConfig,
-    addr: SocketAddr,
-    stopping: AtomicBool,
-    active: AtomicUsize,
+    hub: Arc<Hub>,
     connections: AtomicU64,
+    /// Clients refused during the exchange (the hub counts those over the limit).
     refused: AtomicU64,
-    live: Mutex<Live>,
-    stopped: Mutex<bool>,
-    stopped_cv: Condvar,
 }
 
 /// A running RDMA memory server. Dropping it shuts it down.
@@ -107,7 +95,7 @@ pub struct RdmaShutdownHandle {
 impl RdmaShutdownHandle {
     /// Asks the server to stop; returns at once.
     pub fn shutdown(&self) {
-        begin_shutdown(&self.shared);
+        self.shared.hub.begin_shutdown();
     }
 }
 
@@ -181,20 +169,7 @@ impl RdmaServer {
         // hand out only short-lived slices under stripe locks, as for shared memory), so
         // peers writing it at any time breaks no Rust reference.
         let mr = unsafe { Mr::register(&pd, region.as_mut_ptr(), len, Access::Remote) }?;
-        let server_err = |reason: &str, source: Option<io::Error>| Error::Server {
-            addr: addr.to_owned(),
-            reason: reason.to_owned(),
-            source,
-        };
-        let addrs: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| server_err("cannot resolve the address", Some(e)))?
-            .collect();
-        let listener = TcpListener::bind(&addrs[..])
-            .map_err(|e| server_err("cannot bind the exchange port", Some(e)))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| server_err("cannot read the bound address", Some(e)))?;
+        let (listener, local) = listener::bind(addr)?;
         info!(
             addr = %local,
             device = pd.context().name(),
@@ -206,21 +181,32 @@ impl RdmaServer {
             mr,
             region,
             pd,
+            hub: Arc::new(Hub::new(local, config.max_connections)),
             config,
-            addr: local,
-            stopping: AtomicBool::new(false),
-            active: AtomicUsize::new(0),
             connections: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            live: Mutex::new(Live::default()),
-            stopped: Mutex::new(false),
-            stopped_cv: Condvar::new(),
         });
-        let accept_shared = Arc::clone(&shared);
-        let acceptor = std::thread::Builder::new()
-            .name(format!("scad-rdma-accept-{}", local.port()))
-            .spawn(move || accept_loop(&accept_shared, &listener))
-            .map_err(|e| server_err("cannot spawn the accept thread", Some(e)))?;
+        let conn_shared = Arc::clone(&shared);
+        let acceptor = listener::spawn_acceptor(
+            Arc::clone(&shared.hub),
+            listener,
+            "scad-rdma",
+            |stream, _peer, limit| {
+                session::refuse(
+                    stream,
+                    RefuseCode::Busy,
+                    &format!("server is at its limit of {limit} connections"),
+                );
+            },
+            move |stream, peer| match serve_client(&conn_shared, stream) {
+                Ok(()) => debug!(%peer, "RDMA client disconnected"),
+                Err(ServeError::Refused { code, reason }) => {
+                    conn_shared.refused.fetch_add(1, Ordering::Relaxed);
+                    warn!(%peer, ?code, %reason, "RDMA client refused");
+                }
+                Err(e) => info!(%peer, error = %e, "RDMA exchange connection closed"),
+            },
+        )?;
         Ok(RdmaServer {
             shared,
             acceptor: Some(acceptor),
@@ -229,16 +215,12 @@ impl RdmaServer {
 
     /// The address of the exchange port.
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.addr
+        self.shared.hub.addr()
     }
 
     /// A `tcp://HOST:PORT` url clients on this host can use in an `rdma_uverbs` durl.
     pub fn url(&self) -> String {
-        let addr = connectable(self.shared.addr);
-        match addr.ip() {
-            IpAddr::V6(ip) => format!("tcp://[{ip}]:{}", addr.port()),
-            IpAddr::V4(ip) => format!("tcp://{ip}:{}", addr.port()),
-        }
+        listener::url(self.shared.hub.addr())
     }
 
     /// The name of the device serving the region.
@@ -253,14 +235,14 @@ impl RdmaServer {
 
     /// Clients connected right now.
     pub fn active_connections(&self) -> usize {
-        self.shared.active.load(Ordering::Relaxed)
+        self.shared.hub.active()
     }
 
     /// Counters so far.
     pub fn stats(&self) -> RdmaServerStats {
         RdmaServerStats {
             connections: self.shared.connections.load(Ordering::Relaxed),
-            refused: self.shared.refused.load(Ordering::Relaxed),
+            refused: self.shared.refused.load(Ordering::Relaxed) + self.shared.hub.refused(),
         }
     }
 
@@ -273,20 +255,7 @@ impl RdmaServer {
 
     /// Blocks until some [`RdmaShutdownHandle`] stops the server, then finishes shutting down.
     pub fn wait(mut self) {
-        {
-            let mut stopped = self
-                .shared
-                .stopped
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            while !*stopped {
-                stopped = self
-                    .shared
-                    .stopped_cv
-                    .wait(stopped)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-        }
+        self.shared.hub.wait_stopped();
         self.finish();
     }
 
@@ -297,25 +266,8 @@ impl RdmaServer {
     }
 
     fn finish(&mut self) {
-        begin_shutdown(&self.shared);
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-        let handlers = {
-            let mut live = self
-                .shared
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            for stream in live.streams.values() {
-                let _ = stream.shutdown(Shutdown::Both);
-            }
-            std::mem::take(&mut live.handlers)
-        };
-        for h in handlers {
-            let _ = h.join();
-        }
-        info!(addr = %self.shared.addr, "RDMA memory server stopped");
+        self.shared.hub.finish(self.acceptor.take());
+        info!(addr = %self.shared.hub.addr(), "RDMA memory server stopped");
     }
 }
 
@@ -333,103 +285,6 @@ fn qp_config(config: &RdmaServerConfig) -> QpConfig {
         gid_index: config.gid_index,
         depth: 1,
         role: Role::Responder,
-    }
-}
-
-/// Where to connect to reach a listener bound to `addr` (wildcards become loopback).
-fn connectable(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
-        }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
-        }
-        _ => addr,
-    }
-}
-
-fn begin_shutdown(shared: &Shared) {
-    if shared.stopping.swap(true, Ordering::SeqCst) {
-        return;
-    }
-    // Wake the blocking accept with a connection of our own.
-    let _ = TcpStream::connect_timeout(&connectable(shared.addr), Duration::from_secs(1));
-    let mut stopped = shared
-        .stopped
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    *stopped = true;
-    shared.stopped_cv.notify_all();
-}
-
-fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
-    let mut next_id = 0u64;
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            break;
-        }
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "accept failed");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections {
-            shared.refused.fetch_add(1, Ordering::Relaxed);
-            warn!(%peer, limit = shared.config.max_connections, "RDMA client refused: at the connection limit");
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            session::refuse(
-                &mut stream,
-                RefuseCode::Busy,
-                &format!(
-                    "server is at its limit of {} connections",
-                    shared.config.max_connections
-                ),
-            );
-            continue;
-        }
-        next_id += 1;
-        let id = next_id;
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        let mut live = shared.live.lock().unwrap_or_else(PoisonError::into_inner);
-        live.handlers.retain(|h| !h.is_finished());
-        if let Ok(clone) = stream.try_clone() {
-            live.streams.insert(id, clone);
-        }
-        let conn_shared = Arc::clone(shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("scad-rdma-conn-{id}"))
-            .spawn(move || {
-                match serve_client(&conn_shared, stream) {
-                    Ok(()) => debug!(%peer, "RDMA client disconnected"),
-                    Err(ServeError::Refused { code, reason }) => {
-                        conn_shared.refused.fetch_add(1, Ordering::Relaxed);
-                        warn!(%peer, ?code, %reason, "RDMA client refused");
-                    }
-                    Err(e) => info!(%peer, error = %e, "RDMA exchange connection closed"),
-                }
-                conn_shared
-                    .live
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .streams
-                    .remove(&id);
-                conn_shared.active.fetch_sub(1, Ordering::SeqCst);
-            });
-        match spawned {
-            Ok(h) => live.handlers.push(h),
-            Err(e) => {
-                warn!(error = %e, "cannot spawn a connection thread");
-                live.streams.remove(&id);
-                shared.active.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
     }
 }
 
@@ -463,7 +318,7 @@ fn serve_client(shared: &Shared, mut stream: TcpStream) -> std::result::Result<(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.hub.is_stopping() {
             break;
         }
     }
@@ -513,13 +368,5 @@ mod tests {
             RdmaServer::from_config(&TransportConfig::Local { size: 1 }),
             Err(Error::InvalidArgument(_))
         ));
-    }
-
-    #[test]
-    fn connectable_turns_wildcards_into_loopback() {
-        let a: SocketAddr = "0.0.0.0:5".parse().unwrap();
-        assert_eq!(connectable(a).to_string(), "127.0.0.1:5");
-        let a: SocketAddr = "[::]:5".parse().unwrap();
-        assert_eq!(connectable(a).to_string(), "[::1]:5");
     }
 }

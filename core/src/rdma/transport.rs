@@ -12,7 +12,10 @@ use super::session::{self, ClientTimeouts};
 use crate::durl::TransportConfig;
 use crate::error::{Error, Result};
 use crate::memory::RegisteredBuffer;
-use crate::transport::{check_remote, Counters, ReadOp, Transport, TransportStats, WriteOp};
+use crate::transport::{
+    check_ranges, check_remote, ConnectionPool, Counters, ReadOp, Transport, TransportStats,
+    WriteOp,
+};
 
 /// Settings of an [`RdmaTransport`].
 #[derive(Debug, Clone)]
@@ -82,7 +85,7 @@ pub struct RdmaTransport {
     addr: String,
     options: RdmaOptions,
     pd: Arc<Pd>,
-    idle: Mutex<Vec<Connection>>,
+    pool: ConnectionPool<Connection>,
     size: AtomicU64,
     registrations: Mutex<Vec<(u64, Arc<Mr>)>>,
     counters: Counters,
@@ -159,9 +162,9 @@ impl RdmaTransport {
         let pd = pd::shared(options.device.as_deref())?;
         Ok(RdmaTransport {
             addr: addr.to_owned(),
+            pool: ConnectionPool::new(options.pool_size),
             options,
             pd,
-            idle: Mutex::new(Vec::new()),
             size: AtomicU64::new(u64::MAX),
             registrations: Mutex::new(Vec::new()),
             counters: Counters::default(),
@@ -276,25 +279,9 @@ impl RdmaTransport {
         })
     }
 
-    fn checkout(&self) -> Result<Connection> {
-        let pooled = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        match pooled {
-            Some(c) => Ok(c),
-            None => self.open_connection(),
-        }
-    }
-
     fn checkin(&self, conn: Connection) {
-        if conn.qp.is_broken() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < self.options.pool_size {
-            idle.push(conn);
+        if !conn.qp.is_broken() {
+            self.pool.put(conn);
         }
     }
 
@@ -304,16 +291,13 @@ impl RdmaTransport {
     fn with_connection<T>(
         &self,
         op: &'static str,
-        ranges: impl Iterator<Item = (u64, usize)>,
+        ranges: &[(u64, usize)],
         f: impl FnOnce(&mut Connection) -> Result<T>,
     ) -> Result<T> {
-        let mut conn = self.checkout()?;
-        let size = conn.qp.remote().size;
-        for (addr, len) in ranges {
-            if let Err(e) = check_remote(op, addr, len as u64, size) {
-                self.checkin(conn);
-                return Err(e);
-            }
+        let (mut conn, _) = self.pool.take_or_open(|| self.open_connection())?;
+        if let Err(e) = check_ranges(op, ranges, conn.qp.remote().size) {
+            self.checkin(conn);
+            return Err(e);
         }
         let result = f(&mut conn);
         self.checkin(conn);
@@ -371,7 +355,7 @@ impl RdmaTransport {
             )));
         }
         let timeout = self.options.timeout;
-        self.with_connection(name, std::iter::once((addr, len)), |conn| {
+        self.with_connection(name, &[(addr, len)], |conn| {
             let remote = conn.qp.remote().addr + addr;
             let reqs = split(local as u64, mr.lkey(), remote, len, conn.qp.max_msg());
             // SAFETY: forwarded from this function's contract; the range was checked
@@ -419,7 +403,7 @@ impl Transport for RdmaTransport {
         if known != u64::MAX {
             return Ok(known);
         }
-        self.with_connection("size", std::iter::empty(), |c| Ok(c.qp.remote().size))
+        self.with_connection("size", &[], |c| Ok(c.qp.remote().size))
     }
 
     fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
@@ -434,7 +418,7 @@ impl Transport for RdmaTransport {
         let bytes: u64 = ops.iter().map(|o| o.dst.len() as u64).sum();
         let ranges: Vec<(u64, usize)> = ops.iter().map(|o| (o.addr, o.dst.len())).collect();
         let timeout = self.options.timeout;
-        self.with_connection("read", ranges.iter().copied(), |conn| {
+        self.with_connection("read", &ranges, |conn| {
             let batches = plan(ranges.iter().copied(), conn.bounce.len(), conn.qp.max_msg());
             for batch in &batches {
                 conn.execute(Opcode::Read, batch, timeout)?;
@@ -451,10 +435,10 @@ impl Transport for RdmaTransport {
 
     fn write_vectored(&self, ops: &[WriteOp<'_>]) -> Result<()> {
         let bytes: u64 = ops.iter().map(|o| o.src.len() as u64).sum();
-        let ranges = || ops.iter().map(|o| (o.addr, o.src.len()));
+        let ranges: Vec<(u64, usize)> = ops.iter().map(|o| (o.addr, o.src.len())).collect();
         let timeout = self.options.timeout;
-        self.with_connection("write", ranges(), |conn| {
-            for batch in &plan(ranges(), conn.bounce.len(), conn.qp.max_msg()) {
+        self.with_connection("write", &ranges, |conn| {
+            for batch in &plan(ranges.iter().copied(), conn.bounce.len(), conn.qp.max_msg()) {
                 for p in batch {
                     let src = &ops[p.op].src[p.op_offset..p.op_offset + p.len];
                     conn.bounce.write_at(p.bounce_offset, src)?;

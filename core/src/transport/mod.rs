@@ -194,6 +194,65 @@ pub(crate) fn check_remote(op: &'static str, addr: u64, len: u64, size: u64) -> 
     }
 }
 
+/// Checks every `(addr, len)` against a known remote size; the first range outside it
+/// is the error.
+pub(crate) fn check_ranges(op: &'static str, ranges: &[(u64, usize)], size: u64) -> Result<()> {
+    ranges
+        .iter()
+        .try_for_each(|&(addr, len)| check_remote(op, addr, len as u64, size))
+}
+
+/// Idle connections of a remote transport, kept for reuse: a call takes one (or
+/// opens one when there is none) and gives it back when it succeeded, so each thread
+/// of a shared transport works on its own connection.
+#[derive(Debug)]
+pub(crate) struct ConnectionPool<C> {
+    idle: std::sync::Mutex<Vec<C>>,
+    capacity: usize,
+}
+
+impl<C> ConnectionPool<C> {
+    /// A pool keeping at most `capacity` idle connections.
+    pub(crate) fn new(capacity: usize) -> Self {
+        ConnectionPool {
+            idle: std::sync::Mutex::new(Vec::new()),
+            capacity,
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<C>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An idle connection (the most recently used), if any.
+    pub(crate) fn take(&self) -> Option<C> {
+        self.idle().pop()
+    }
+
+    /// A pooled connection (`true`) or a new one from `open` (`false`).
+    pub(crate) fn take_or_open(&self, open: impl FnOnce() -> Result<C>) -> Result<(C, bool)> {
+        match self.take() {
+            Some(c) => Ok((c, true)),
+            None => Ok((open()?, false)),
+        }
+    }
+
+    /// Keeps `conn` for reuse, unless the pool is full (then it is dropped).
+    pub(crate) fn put(&self, conn: C) {
+        let mut idle = self.idle();
+        if idle.len() < self.capacity {
+            idle.push(conn);
+        }
+    }
+
+    /// Drops every idle connection.
+    pub(crate) fn clear(&self) {
+        self.idle().clear();
+    }
+}
+
 /// Opens a client transport for a complete configuration.
 ///
 /// Server configurations (`rdma_tcp_server`, `rdma_uverbs_server`) are not transports:

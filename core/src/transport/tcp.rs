@@ -10,10 +10,9 @@
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{check_remote, Counters, ReadOp, Transport, TransportStats, WriteOp};
+use super::{check_ranges, ConnectionPool, Counters, ReadOp, Transport, TransportStats, WriteOp};
 use crate::error::{Error, Result};
 use crate::protocol::{
     self, ErrorCode, ErrorReply, HelloReply, ProtocolError, ResponseHead, Segment,
@@ -64,7 +63,7 @@ struct Connection {
 pub struct TcpTransport {
     addr: String,
     options: TcpOptions,
-    idle: Mutex<Vec<Connection>>,
+    pool: ConnectionPool<Connection>,
     size: AtomicU64,
     next_id: AtomicU64,
     counters: Counters,
@@ -90,8 +89,8 @@ impl TcpTransport {
     pub fn new(addr: &str, options: TcpOptions) -> Self {
         TcpTransport {
             addr: addr.to_owned(),
+            pool: ConnectionPool::new(options.pool_size),
             options,
-            idle: Mutex::new(Vec::new()),
             size: AtomicU64::new(u64::MAX),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
@@ -105,7 +104,7 @@ impl TcpTransport {
     pub fn connect(addr: &str, options: TcpOptions) -> Result<Self> {
         let t = Self::new(addr, options);
         let conn = t.open_connection()?;
-        t.checkin(conn);
+        t.pool.put(conn);
         Ok(t)
     }
 
@@ -135,6 +134,10 @@ impl TcpTransport {
                 size: reply.size,
             },
             ErrorCode::Unauthenticated => Error::Auth {
+                peer: self.addr.clone(),
+                message: reply.message,
+            },
+            ErrorCode::Busy => Error::Busy {
                 peer: self.addr.clone(),
                 message: reply.message,
             },
@@ -254,42 +257,30 @@ impl TcpTransport {
         Ok(head)
     }
 
-    fn checkout(&self) -> Result<Connection> {
-        let pooled = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        match pooled {
-            Some(c) => Ok(c),
-            None => self.open_connection(),
-        }
-    }
-
-    fn checkin(&self, conn: Connection) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < self.options.pool_size {
-            idle.push(conn);
-        }
-    }
-
-    /// Splits `(len per op)` into frames of at most `chunk` data bytes (and, for reads,
-    /// at most as many segment descriptors as fit a frame).
+    /// Splits `(len per op)` into frames whose data and segment descriptors together
+    /// stay below the server's maximum frame (and whose data stays below `chunk`), so
+    /// every request and every read reply fits one frame whatever the mix of sizes.
     fn plan(&self, hello: &HelloReply, ops: impl Iterator<Item = (u64, usize)>) -> Vec<Frame> {
-        let cap = (hello.max_frame as usize).saturating_sub(1024);
-        let chunk = self.options.chunk.clamp(1, cap.max(1));
-        let max_segments = (cap / SEGMENT_BYTES).max(1);
+        // Room for the request header, the segment count and the reply head.
+        let cap = (hello.max_frame as usize)
+            .saturating_sub(1024)
+            .max(SEGMENT_BYTES + 1);
+        let chunk = self.options.chunk.clamp(1, cap);
         let mut frames = Vec::new();
         let mut cur = Frame::default();
         let mut cur_bytes = 0usize;
         for (i, (addr, len)) in ops.enumerate() {
             let mut offset = 0;
             while offset < len {
-                if cur_bytes == chunk || cur.segments.len() == max_segments {
+                let cost = cur_bytes + cur.segments.len() * SEGMENT_BYTES;
+                if cur_bytes == chunk || cost + SEGMENT_BYTES >= cap {
                     frames.push(std::mem::take(&mut cur));
                     cur_bytes = 0;
                 }
-                let n = (len - offset).min(chunk - cur_bytes);
+                let cost = cur_bytes + cur.segments.len() * SEGMENT_BYTES;
+                let n = (len - offset)
+                    .min(chunk - cur_bytes)
+                    .min(cap - cost - SEGMENT_BYTES);
                 cur.segments.push(Segment {
                     addr: addr + offset as u64,
                     len: n as u32,
@@ -405,25 +396,60 @@ impl TcpTransport {
     /// remote size. The connection goes back to the pool if `f` succeeded or the check
     /// failed before anything was sent; after any other error it is dropped, since
     /// replies may still be in flight on it.
+    ///
+    /// A pooled connection the server has closed meanwhile (its idle timeout, or a
+    /// restart) fails at once; then `f` runs once more on a new connection. Reads and
+    /// writes are idempotent (a write stores the same bytes again), so the retry cannot
+    /// change the outcome, only rescue it. A timeout is not retried: the caller hears
+    /// of it after one timeout, not two.
     fn with_connection<T>(
         &self,
         op: &'static str,
-        ranges: impl Iterator<Item = (u64, usize)>,
-        f: impl FnOnce(&mut Connection) -> Result<T>,
+        ranges: &[(u64, usize)],
+        mut f: impl FnMut(&mut Connection) -> Result<T>,
     ) -> Result<T> {
-        let mut conn = self.checkout()?;
-        let size = conn.hello.size;
-        for (addr, len) in ranges {
-            if let Err(e) = check_remote(op, addr, len as u64, size) {
-                self.checkin(conn);
+        let (mut conn, pooled) = self.pool.take_or_open(|| self.open_connection())?;
+        let mut retried = false;
+        loop {
+            if let Err(e) = check_ranges(op, ranges, conn.hello.size) {
+                self.pool.put(conn);
                 return Err(e);
             }
+            match f(&mut conn) {
+                Ok(v) => {
+                    self.pool.put(conn);
+                    return Ok(v);
+                }
+                Err(e) if pooled && !retried && is_stale_connection(&e) => {
+                    tracing::debug!(peer = %self.addr, error = %e, "pooled connection was closed; retrying on a new one");
+                    retried = true;
+                    // Its pool-mates are probably as stale.
+                    self.pool.clear();
+                    conn = self.open_connection()?;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let result = f(&mut conn);
-        if result.is_ok() {
-            self.checkin(conn);
-        }
-        result
+    }
+}
+
+/// True for errors that mean the connection was already closed by the server before
+/// this call used it (not a timeout, not a refusal of the request itself).
+fn is_stale_connection(e: &Error) -> bool {
+    match e {
+        Error::Io { source, .. } => matches!(
+            source.kind(),
+            io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::NotConnected
+        ),
+        Error::Remote {
+            code: ErrorCode::IdleTimeout,
+            ..
+        } => true,
+        _ => false,
     }
 }
 
@@ -437,7 +463,7 @@ impl Transport for TcpTransport {
         if known != u64::MAX {
             return Ok(known);
         }
-        self.with_connection("size", std::iter::empty(), |c| Ok(c.hello.size))
+        self.with_connection("size", &[], |c| Ok(c.hello.size))
     }
 
     fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
@@ -451,15 +477,15 @@ impl Transport for TcpTransport {
     fn read_vectored(&self, ops: &mut [ReadOp<'_>]) -> Result<()> {
         let bytes: u64 = ops.iter().map(|o| o.dst.len() as u64).sum();
         let ranges: Vec<(u64, usize)> = ops.iter().map(|o| (o.addr, o.dst.len())).collect();
-        self.with_connection("read", ranges.into_iter(), |c| self.do_read(c, ops))?;
+        self.with_connection("read", &ranges, |c| self.do_read(c, ops))?;
         self.counters.record_read(bytes);
         Ok(())
     }
 
     fn write_vectored(&self, ops: &[WriteOp<'_>]) -> Result<()> {
         let bytes: u64 = ops.iter().map(|o| o.src.len() as u64).sum();
-        let ranges = ops.iter().map(|o| (o.addr, o.src.len()));
-        self.with_connection("write", ranges, |c| self.do_write(c, ops))?;
+        let ranges: Vec<(u64, usize)> = ops.iter().map(|o| (o.addr, o.src.len())).collect();
+        self.with_connection("write", &ranges, |c| self.do_write(c, ops))?;
         self.counters.record_write(bytes);
         Ok(())
     }

@@ -27,7 +27,12 @@ pub struct Env {
 }
 
 pub fn env(backend: Backend, element_bytes: u64) -> Env {
-    let pool = Arc::new(BufferPool::builder(64 * 1024).page_size(4096).build().unwrap());
+    let pool = Arc::new(
+        BufferPool::builder(64 * 1024)
+            .page_size(4096)
+            .build()
+            .unwrap(),
+    );
     let store = Arc::new(RemoteStore::with_alignment(pool, 64));
     let mut servers = Vec::new();
     for i in 0..2 {
@@ -145,10 +150,18 @@ pub fn normalize(df: &DataFrame) -> DataFrame {
         .filter(|(_, t)| !t.is_float())
         .map(|(n, _)| n.clone())
         .collect();
-    names.extend(schema.iter().filter(|(_, t)| t.is_float()).map(|(n, _)| n.clone()));
+    names.extend(
+        schema
+            .iter()
+            .filter(|(_, t)| t.is_float())
+            .map(|(n, _)| n.clone()),
+    );
     df.clone()
         .lazy()
-        .sort(names, SortMultipleOptions::default().with_maintain_order(true))
+        .sort(
+            names,
+            SortMultipleOptions::default().with_maintain_order(true),
+        )
         .collect()
         .unwrap()
 }
@@ -170,12 +183,15 @@ pub fn assert_same(got: &DataFrame, want: &DataFrame, what: &str) {
                         "{what}: column {} differs: {a} vs {b}",
                         gc.name()
                     ),
-                    (a, b) => assert_eq!(a.is_none(), b.is_none(), "{what}: nulls of {}", gc.name()),
+                    (a, b) => {
+                        assert_eq!(a.is_none(), b.is_none(), "{what}: nulls of {}", gc.name())
+                    }
                 }
             }
         } else {
             assert!(
-                gc.as_materialized_series().equals_missing(wc.as_materialized_series()),
+                gc.as_materialized_series()
+                    .equals_missing(wc.as_materialized_series()),
                 "{what}: column {} differs\n got {g}\nwant {w}",
                 gc.name()
             );

@@ -177,12 +177,17 @@ fn main() -> Result<()> {
     let mut md = format!(
         "# TPC-DS baselines, SF {} (in memory, query time only; load apart)\n\n\
          Median of {} runs after a warm-up; min–max in brackets. DuckDB {} threads; Polars pipelines \
-         (scad-tpcds steps, release build). `equal` = the Polars result equals DuckDB's reference answer.\n\n\
+         (scad-tpcds steps, {} build). `equal` = the Polars result equals DuckDB's reference answer.\n\n\
          | query | DuckDB load (s) | DuckDB query (ms) | Polars load (s) | Polars query (ms) | Polars / DuckDB | equal |\n\
          |---|---:|---:|---:|---:|---:|---|\n",
         args.sf,
         args.repeats,
         duck.first().map(|d| d.threads).unwrap_or(0),
+        if cfg!(debug_assertions) {
+            "DEBUG (timings not meaningful)"
+        } else {
+            "release"
+        },
     );
     for (query, dl, dq, pl, pq, eq, dmin, dmax, times) in &table {
         let pmin = times.iter().copied().fold(f64::INFINITY, f64::min);

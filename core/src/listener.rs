@@ -1,0 +1,277 @@
+//! What every memory server does with its TCP listener, whatever it serves: bind,
+//! accept, refuse clients over the connection limit, run each connection on its own
+//! thread, and shut down by closing every connection and joining every thread. The
+//! tcp [`crate::server::MemoryServer`] serves requests on its connections; the RDMA
+//! server (feature `rdma`) exchanges queue-pair information on them.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tracing::warn;
+
+use crate::error::{Error, Result};
+
+/// Binds `addr` (`"0.0.0.0:2333"`; port 0 picks a free one); errors name `addr` and
+/// what failed.
+pub(crate) fn bind(addr: &str) -> Result<(TcpListener, SocketAddr)> {
+    let server_err = |reason: &str, source: io::Error| Error::Server {
+        addr: addr.to_owned(),
+        reason: reason.to_owned(),
+        source: Some(source),
+    };
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| server_err("cannot resolve", e))?
+        .collect();
+    let listener = TcpListener::bind(&addrs[..]).map_err(|e| server_err("cannot bind", e))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| server_err("cannot read the bound address", e))?;
+    Ok((listener, local))
+}
+
+/// Where to connect to reach a listener bound to `addr` (wildcards become loopback).
+pub(crate) fn connectable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
+}
+
+/// A `tcp://HOST:PORT` url that clients on this host can use for a listener on `addr`.
+pub(crate) fn url(addr: SocketAddr) -> String {
+    let addr = connectable(addr);
+    match addr.ip() {
+        IpAddr::V6(ip) => format!("tcp://[{ip}]:{}", addr.port()),
+        IpAddr::V4(ip) => format!("tcp://{ip}:{}", addr.port()),
+    }
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    streams: HashMap<u64, TcpStream>,
+    handlers: Vec<JoinHandle<()>>,
+}
+
+/// The connections of one listener: the limit, the live connections and their
+/// threads, and the stop flag.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    addr: SocketAddr,
+    max_connections: usize,
+    stopping: AtomicBool,
+    active: AtomicUsize,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    live: Mutex<Live>,
+    stopped: Mutex<bool>,
+    stopped_cv: Condvar,
+}
+
+impl Hub {
+    /// A hub for a listener bound to `addr`.
+    pub(crate) fn new(addr: SocketAddr, max_connections: usize) -> Self {
+        Hub {
+            addr,
+            max_connections,
+            stopping: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            live: Mutex::new(Live::default()),
+            stopped: Mutex::new(false),
+            stopped_cv: Condvar::new(),
+        }
+    }
+
+    /// The bound address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connections being served right now.
+    pub(crate) fn active(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted and handed to a thread so far.
+    pub(crate) fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused at the limit so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// True once shutdown has begun.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting and wakes [`Hub::wait_stopped`]; returns at once.
+    pub(crate) fn begin_shutdown(&self) {
+        if self.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the blocking accept with a connection of our own.
+        let _ = TcpStream::connect_timeout(&connectable(self.addr), Duration::from_secs(1));
+        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        *stopped = true;
+        self.stopped_cv.notify_all();
+    }
+
+    /// Blocks until [`Hub::begin_shutdown`] has been called.
+    pub(crate) fn wait_stopped(&self) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*stopped {
+            stopped = self
+                .stopped_cv
+                .wait(stopped)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Stops accepting, joins the accept thread, closes every connection and joins
+    /// every connection thread.
+    pub(crate) fn finish(&self, acceptor: Option<JoinHandle<()>>) {
+        self.begin_shutdown();
+        if let Some(acceptor) = acceptor {
+            let _ = acceptor.join();
+        }
+        let handlers = {
+            let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+            for stream in live.streams.values() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            std::mem::take(&mut live.handlers)
+        };
+        for h in handlers {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Starts the accept thread of `listener`. A client over the hub's connection limit
+/// is handed to `refuse` (which tells it why, in its protocol) and dropped; every
+/// other one gets its own thread running `serve(stream, peer)`.
+pub(crate) fn spawn_acceptor<R, S>(
+    hub: Arc<Hub>,
+    listener: TcpListener,
+    thread_prefix: &'static str,
+    refuse: R,
+    serve: S,
+) -> Result<JoinHandle<()>>
+where
+    R: Fn(&mut TcpStream, &str, usize) + Send + 'static,
+    S: Fn(TcpStream, &str) + Send + Sync + 'static,
+{
+    let addr = hub.addr;
+    std::thread::Builder::new()
+        .name(format!("{thread_prefix}-accept-{}", addr.port()))
+        .spawn(move || accept_loop(&hub, &listener, thread_prefix, &refuse, Arc::new(serve)))
+        .map_err(|e| Error::Server {
+            addr: addr.to_string(),
+            reason: "cannot spawn the accept thread".into(),
+            source: Some(e),
+        })
+}
+
+fn accept_loop<R, S>(
+    hub: &Arc<Hub>,
+    listener: &TcpListener,
+    thread_prefix: &str,
+    refuse: &R,
+    serve: Arc<S>,
+) where
+    R: Fn(&mut TcpStream, &str, usize),
+    S: Fn(TcpStream, &str) + Send + Sync + 'static,
+{
+    let mut next_id = 0u64;
+    for stream in listener.incoming() {
+        if hub.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        if hub.active.load(Ordering::SeqCst) >= hub.max_connections {
+            hub.refused.fetch_add(1, Ordering::Relaxed);
+            warn!(%peer, limit = hub.max_connections, "connection refused: at the connection limit");
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            refuse(&mut stream, &peer, hub.max_connections);
+            continue;
+        }
+        next_id += 1;
+        let id = next_id;
+        hub.active.fetch_add(1, Ordering::SeqCst);
+        hub.accepted.fetch_add(1, Ordering::Relaxed);
+        let mut live = hub.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.handlers.retain(|h| !h.is_finished());
+        if let Ok(clone) = stream.try_clone() {
+            live.streams.insert(id, clone);
+        }
+        let conn_hub = Arc::clone(hub);
+        let serve = Arc::clone(&serve);
+        let spawned = std::thread::Builder::new()
+            .name(format!("{thread_prefix}-conn-{id}"))
+            .spawn(move || {
+                serve(stream, &peer);
+                conn_hub
+                    .live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .streams
+                    .remove(&id);
+                conn_hub.active.fetch_sub(1, Ordering::SeqCst);
+            });
+        match spawned {
+            Ok(h) => live.handlers.push(h),
+            Err(e) => {
+                warn!(error = %e, "cannot spawn a connection thread");
+                live.streams.remove(&id);
+                hub.active.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connectable_turns_wildcards_into_loopback() {
+        let a: SocketAddr = "0.0.0.0:5".parse().unwrap();
+        assert_eq!(connectable(a).to_string(), "127.0.0.1:5");
+        let a: SocketAddr = "[::]:5".parse().unwrap();
+        assert_eq!(connectable(a).to_string(), "[::1]:5");
+        assert_eq!(url("[::]:7".parse().unwrap()), "tcp://[::1]:7");
+        assert_eq!(url("10.0.0.1:7".parse().unwrap()), "tcp://10.0.0.1:7");
+    }
+
+    #[test]
+    fn bad_addresses_are_server_errors() {
+        assert!(matches!(bind("no address"), Err(Error::Server { .. })));
+    }
+}

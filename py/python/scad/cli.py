@@ -1,0 +1,120 @@
+"""Console scripts: ``memory_server``, ``rundisagg``, ``wskgen`` and ``scad``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import List, Optional
+
+from . import _native
+
+__all__ = ["memory_server_main", "rundisagg_main", "wskgen_main", "scad_main"]
+
+
+def memory_server_main(argv: Optional[List[str]] = None) -> int:
+    """``memory_server [PORT] [tcp] --size 1G ...``: the Rust memory server, in the wheel."""
+    args = ["memory_server"] + (sys.argv[1:] if argv is None else list(argv))
+    try:
+        return _native.memory_server_main(args)
+    except (OSError, ValueError, _native.ScadError) as e:
+        print(f"memory_server: {e}", file=sys.stderr)
+        return 1
+
+
+def _rundisagg_parser(prog: str = "rundisagg") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Run one compute element against running memory servers.")
+    p.add_argument("objectfile", help="the compute element (<name>.o.py)")
+    p.add_argument("-m", "--memory", action="append", default=[], metavar="[N@]NAME:PORT[:IMPL[:ARGS]]",
+                   help="a memory element to connect (repeatable); N@NAME:PORT gives NAME@0..N-1 on consecutive ports")
+    p.add_argument("-d", "--dir", default="/tmp", help="where parents' outputs are and the result goes (default /tmp)")
+    p.add_argument("-p", "--print", action="store_true", help="print the result as JSON")
+    p.add_argument("-i", "--index", type=int, default=None, help="instance index (sets env __OW_PAR)")
+    p.add_argument("--host", default="127.0.0.1", help="host of the memory servers (default 127.0.0.1)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an unconfigured transport")
+    return p
+
+
+def rundisagg_main(argv: Optional[List[str]] = None) -> int:
+    from .dag import ElementError
+    from .runner import parse_memory_spec, run_element
+
+    args = _rundisagg_parser().parse_args(argv)
+    try:
+        memories = [m for spec in args.memory for m in parse_memory_spec(spec, args.host)]
+        result = run_element(args.objectfile, memories, args.dir, args.index, timeout=args.timeout)
+    except (ElementError, ValueError, FileNotFoundError) as e:
+        print(f"rundisagg: {e}", file=sys.stderr)
+        return 2
+    if args.print:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def wskgen_main(argv: Optional[List[str]] = None) -> int:
+    from .dag import DagError, ElementError
+    from .wskgen import generate
+
+    p = argparse.ArgumentParser(prog="wskgen", description="Generate the OpenWhisk JSON of a Scad DAG.")
+    p.add_argument("dir", help="DAG directory")
+    p.add_argument("-o", "--output", default="-", help="output file (default stdout)")
+    p.add_argument("-n", "--name", default="", help="function name (default: the directory name)")
+    args = p.parse_args(argv)
+    try:
+        doc = generate(args.dir, args.name)
+    except (DagError, ElementError) as e:
+        print(f"wskgen: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(doc, indent=2)
+    if args.output == "-":
+        print(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
+
+
+def scad_main(argv: Optional[List[str]] = None) -> int:
+    from .dag import DagError, ElementError
+    from .runner import DagRunError, run_dag
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The other tools take their own arguments (including --help) unchanged.
+    passthrough = {"rundisagg": rundisagg_main, "wskgen": wskgen_main, "memory_server": memory_server_main}
+    if argv and argv[0] in passthrough:
+        return passthrough[argv[0]](argv[1:])
+    p = argparse.ArgumentParser(prog="scad", description="Scad tools.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a whole element DAG locally")
+    r.add_argument("dagdir")
+    r.add_argument("-d", "--dir", default=None, help="output directory (default: a new temporary one)")
+    r.add_argument("-j", "--jobs", type=int, default=None, help="element instances run at once (default: CPUs)")
+    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--timeout", type=float, default=60.0)
+    r.add_argument("--json", default=None, help="also write the report as JSON here")
+    r.add_argument("-q", "--quiet", action="store_true", help="do not echo element output")
+    for name in passthrough:
+        sub.add_parser(name, help=f"same as the {name} command", add_help=False)
+    args = p.parse_args(argv)
+    log = None if args.quiet else (lambda s: print(s, file=sys.stderr))
+    try:
+        report = run_dag(args.dagdir, args.dir, args.jobs, args.host, args.timeout, log)
+    except (DagError, ElementError) as e:
+        print(f"scad run: {e}", file=sys.stderr)
+        return 2
+    except DagRunError as e:
+        print(f"scad run: failed: {e}", file=sys.stderr)
+        return 1
+    print(report.table())
+    for name, res in report.results.items():
+        print(f"{name}: {json.dumps(res)[:2000]}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report.to_json(), f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(scad_main())

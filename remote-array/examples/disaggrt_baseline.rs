@@ -1,0 +1,57 @@
+//! The Rust side of the Python wheel's `disaggrt` benchmark (py/bench/bench_python.py):
+//! the same work the Python `remote_array` does — write an array of float32 through a
+//! buffer pool of the `disaggrt` geometry (16 MiB in 64 KiB pages, CLOCK), flush, then
+//! materialize it into a fresh array — straight from Rust, against an in-process memory
+//! server over loopback tcp. Prints one JSON object with the timings of every repetition.
+//!
+//! ```text
+//! cargo run --release -p scad-remote-array --example disaggrt_baseline -- [MIB] [REPS]
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use scad_core::server::{MemoryServer, ServerConfig};
+use scad_core::transport::{TcpOptions, TcpTransport};
+use scad_remote_array::{BufferPool, EvictionPolicy};
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> BoxResult<()> {
+    let mut args = std::env::args().skip(1);
+    let mib: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(256);
+    let reps: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
+    let bytes = mib << 20;
+    let server = MemoryServer::start(
+        "127.0.0.1:0",
+        bytes as u64 + (1 << 20),
+        ServerConfig::default(),
+    )?;
+    let transport = TcpTransport::connect(&server.local_addr().to_string(), TcpOptions::default())?;
+    let pool = BufferPool::builder(16 << 20)
+        .page_size(64 << 10)
+        .policy(EvictionPolicy::Clock)
+        .read_ahead(4)
+        .build()?;
+    let id = pool.add_transport("mem", Arc::new(transport))?;
+    let n = bytes / 4;
+    let data: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let mut write_s = Vec::new();
+    let mut materialize_s = Vec::new();
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        pool.write(id, 0, bytemuck::cast_slice(&data))?;
+        pool.flush()?;
+        write_s.push(t0.elapsed().as_secs_f64());
+        let t1 = Instant::now();
+        let mut out = vec![0f32; n];
+        pool.read(id, 0, bytemuck::cast_slice_mut(&mut out))?;
+        materialize_s.push(t1.elapsed().as_secs_f64());
+        if out != data {
+            return Err("materialized data differ".into());
+        }
+    }
+    println!("{{\"bytes\":{bytes},\"write_s\":{write_s:?},\"materialize_s\":{materialize_s:?}}}");
+    server.shutdown();
+    Ok(())
+}
