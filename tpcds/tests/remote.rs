@@ -27,6 +27,11 @@ fn data_set() -> &'static DataSet {
 }
 
 /// Two embedded tcp memory servers, small chunks so that frames span many chunks.
+///
+/// The kernels stream whole chunks: a streaming step holds the batch it works on (at
+/// least one chunk), the next one read ahead, its output and the writer's pending
+/// chunk. So the chunks of the widest input (catalog_sales, ~70 bytes a row) must be
+/// a small fraction of the budget for any step to keep to it.
 fn cluster(chunk_rows: usize) -> Cluster {
     let mut c = Cluster::embedded(TransportKind::Tcp, 2, 128 << 20).unwrap();
     c.set_chunk_rows(chunk_rows);
@@ -60,14 +65,20 @@ fn check(c: &Cluster, tables: &TableHandoffs, query: &str, budget: u64) -> u64 {
             s.step,
             s.peak_local_bytes
         );
-        assert!(s.bytes_out > 0, "{query}/{}: wrote nothing", s.step);
+        // An empty result (q16's official parameters at SF 0.01) has no chunks to write.
+        assert!(
+            s.rows == 0 || s.bytes_out > 0,
+            "{query}/{}: {} rows but wrote nothing",
+            s.step,
+            s.rows
+        );
     }
     run.steps.iter().map(|s| s.partitions).sum()
 }
 
 #[test]
 fn every_query_equals_duckdb_at_a_quarter_of_the_largest_input() {
-    let c = cluster(2048);
+    let c = cluster(512);
     let tables = load(&c, &ALL_REFERENCES);
     let budget = tables.largest_bytes() / 4;
     for q in ALL_REFERENCES {
@@ -79,7 +90,7 @@ fn every_query_equals_duckdb_at_a_quarter_of_the_largest_input() {
 
 #[test]
 fn a_small_budget_partitions_and_still_equals_duckdb() {
-    let c = cluster(512);
+    let c = cluster(256);
     let tables = load(&c, &["q95_wide", "q16_wide"]);
     let budget = tables.largest_bytes() / 10;
     let parts = check(&c, &tables, "q95_wide", budget) + check(&c, &tables, "q16_wide", budget);
