@@ -54,5 +54,6 @@ pub mod data;
 pub mod error;
 pub mod pipeline;
 pub mod queries;
+pub mod remote;
 
 pub use error::TpcdsError;

@@ -1,0 +1,145 @@
+//! Helpers of the main job and the benchmark: DuckDB's in-memory timings (from
+//! `tpcds/gen_data.py --bench`, run now on the same data) and a private
+//! `redis-server` for the Redis-backed runs.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::data::repo_root;
+
+use super::error::RemoteError;
+
+/// DuckDB's in-memory time for one query, measured by `gen_data.py --bench`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DuckDbTiming {
+    /// Query name (`q1`, ...).
+    pub query: String,
+    /// Seconds to load the query's tables from Parquet into DuckDB.
+    pub load_s: f64,
+    /// Median query time in seconds.
+    pub query_s_median: f64,
+    /// Fastest run.
+    pub query_s_min: f64,
+    /// Slowest run.
+    pub query_s_max: f64,
+    /// DuckDB's threads.
+    pub threads: u64,
+}
+
+/// Runs `tpcds/gen_data.py --sf SF --bench --repeats N` (DuckDB in memory, the
+/// official queries, load apart from query time) and returns its timings.
+///
+/// # Errors
+/// [`RemoteError::Invalid`] if the venv is missing or the script fails.
+pub fn duckdb_timings(sf: f64, repeats: usize) -> Result<Vec<DuckDbTiming>, RemoteError> {
+    let root = repo_root();
+    let python = root.join(".venv").join("bin").join("python");
+    if !python.exists() {
+        return Err(RemoteError::Invalid(format!(
+            "{} not found: run `bash scripts/setup.sh` first",
+            python.display()
+        )));
+    }
+    let json: PathBuf =
+        std::env::temp_dir().join(format!("tpcds-duckdb-{}.json", std::process::id()));
+    let out = Command::new(&python)
+        .arg(root.join("tpcds").join("gen_data.py"))
+        .args(["--sf", &sf.to_string(), "--no-text", "--quiet", "--bench"])
+        .args(["--repeats", &repeats.max(1).to_string()])
+        .arg("--out")
+        .arg(root.join("data").join("tpcds"))
+        .arg("--bench-json")
+        .arg(&json)
+        .output()
+        .map_err(|e| RemoteError::Invalid(format!("running gen_data.py --bench: {e}")))?;
+    if !out.status.success() {
+        return Err(RemoteError::Invalid(format!(
+            "gen_data.py --bench failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let text = std::fs::read_to_string(&json)
+        .map_err(|e| RemoteError::Invalid(format!("reading {}: {e}", json.display())))?;
+    let _ = std::fs::remove_file(&json);
+    serde_json::from_str(&text).map_err(|source| RemoteError::BadJson {
+        context: "gen_data.py --bench-json".into(),
+        source,
+    })
+}
+
+/// A `redis-server` started by this process on a free loopback port (no
+/// persistence); stopped when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Child,
+    addr: String,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` and waits until it accepts connections.
+    ///
+    /// # Errors
+    /// [`RemoteError::Invalid`] if it is not installed or does not come up.
+    pub fn start() -> Result<Self, RemoteError> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| RemoteError::Invalid(format!("finding a free port: {e}")))?;
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                RemoteError::Invalid(format!(
+                    "starting redis-server (install it with scripts/setup.sh): {e}"
+                ))
+            })?;
+        let addr = format!("127.0.0.1:{port}");
+        let mut server = RedisServer { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&server.addr).is_err() {
+            if Instant::now() > deadline {
+                let _ = server.child.kill();
+                return Err(RemoteError::Invalid(
+                    "redis-server did not start within 10 s".into(),
+                ));
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(RemoteError::Invalid(format!(
+                    "redis-server exited with {status}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Give it a moment past accept() before the first command.
+        std::thread::sleep(Duration::from_millis(50));
+        server.addr = format!("127.0.0.1:{port}");
+        Ok(server)
+    }
+
+    /// `HOST:PORT` of the server.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
