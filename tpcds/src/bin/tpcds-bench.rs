@@ -47,6 +47,10 @@ struct Args {
     /// Skip the Redis runs.
     #[arg(long)]
     no_redis: bool,
+    /// Rows per stored chunk of every frame (kernels stream whole chunks, so chunks must
+    /// be small next to the budget).
+    #[arg(long, default_value_t = 32768)]
+    chunk_rows: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -179,7 +183,8 @@ fn main() -> Result<()> {
     let table_cols = tables_for(&args.queries)?;
     let budget;
     {
-        let cluster = Cluster::embedded(TransportKind::Tcp, args.elements, size)?;
+        let mut cluster = Cluster::embedded(TransportKind::Tcp, args.elements, size)?;
+        cluster.set_chunk_rows(args.chunk_rows);
         let tables = load_tables(&cluster, &set, &table_cols)?;
         budget = parse_budget(&args.budget, tables.largest_bytes())?;
         eprintln!(
@@ -195,7 +200,8 @@ fn main() -> Result<()> {
     // The same pipelines with Redis as the intermediate store.
     if !args.no_redis {
         let redis = RedisServer::start()?;
-        let cluster = Cluster::redis(redis.addr(), args.elements, size, "tpcds-bench")?;
+        let mut cluster = Cluster::redis(redis.addr(), args.elements, size, "tpcds-bench")?;
+        cluster.set_chunk_rows(args.chunk_rows);
         let tables = load_tables(&cluster, &set, &table_cols)?;
         eprintln!("redis: loaded in {:.2} s", tables.load_secs);
         all.extend(run_ours(
