@@ -104,6 +104,26 @@ pub enum Error {
     /// A bad argument (empty key list, mismatched key counts, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// A query failed to plan or run: unknown table or column, a type error, a
+    /// failing operator.
+    #[error("query: {0}")]
+    Query(Box<datafusion::common::DataFusionError>),
+
+    /// SQL the engine cannot run; the message names the construct. Refused before
+    /// anything runs.
+    #[error("unsupported in a query: {0}")]
+    Unsupported(String),
+
+    /// An operator that cannot spill needed more local memory than the query's
+    /// budget; the detail names the operators holding the most.
+    #[error("the query needs more local memory than its budget of {budget} bytes: {detail}")]
+    OutOfBudget {
+        /// The budget.
+        budget: u64,
+        /// DataFusion's account of the failed reservation.
+        detail: String,
+    },
 }
 
 impl From<scad_remote_array::Error> for Error {

@@ -87,6 +87,7 @@ pub mod hash;
 mod interop;
 pub mod kernels;
 pub mod meta;
+pub mod query;
 
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
 pub use error::{Error, Result};
@@ -94,6 +95,7 @@ pub use frame::{Batches, FrameWriter, RemoteFrame};
 pub use kernels::JoinType;
 pub use meta::{ColumnMeta, ColumnType, FrameMeta};
 pub use polars::prelude::{col, lit, DataFrame, Expr, SortMultipleOptions};
+pub use query::{QueryOutput, QuerySession, QueryStats};
 
 impl RemoteFrame {
     /// Writes arrow-rs record batches (all of one schema) as a new frame.

@@ -63,6 +63,15 @@ pub enum TpcdsError {
     /// A result differs from the reference answer.
     #[error("result differs from the reference: {0}")]
     Mismatch(String),
+    /// A RemoteFrame or query-engine operation failed.
+    #[error("{what}: {source}")]
+    Frame {
+        /// What was being done.
+        what: String,
+        /// Underlying error.
+        #[source]
+        source: Box<scad_remote_frame::Error>,
+    },
     /// An unknown query name was given.
     #[error("unknown query {0:?} (known: q1, q16, q94, q95 and their _wide variants)")]
     UnknownQuery(String),

@@ -51,6 +51,7 @@
 
 pub mod compare;
 pub mod data;
+pub mod engine;
 pub mod error;
 pub mod pipeline;
 pub mod queries;

@@ -1,0 +1,486 @@
+//! A hash join whose build side spills to memory elements.
+//!
+//! DataFusion's hash join holds its whole build side and fails when the memory pool
+//! cannot take it. [`SpillingHashJoinExec`] wraps such a join: it reads the build side
+//! while its reservation grows; if the whole side fits, the wrapped join runs as is on
+//! the rows read. If not, both sides are hash-partitioned on the join keys into spill
+//! files in memory elements (a grace hash join), and the wrapped join runs partition by
+//! partition, each partition again through a spilling join with a new hash seed, so a
+//! partition that is still too large is split again. Join semantics (every join type,
+//! filters, projections) stay DataFusion's: every key lands in exactly one partition,
+//! which is all an equi-join needs. Null-aware anti joins (`NOT IN`) depend on the
+//! whole build side and are left unwrapped.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_schema::SchemaRef;
+use datafusion::arrow::compute::take_record_batch;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::hash_utils::{create_hashes, RandomState};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::{SpillFile, TaskContext};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::memory::MemoryStream;
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
+};
+use datafusion::physical_plan::spill::SpillManager;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
+    PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+
+/// Partitions a build side is split into when it does not fit.
+const FANOUT: usize = 16;
+
+/// Levels of re-partitioning before a partition is joined as is (and may then fail
+/// with the pool's out-of-memory error, naming the join).
+const MAX_LEVEL: u32 = 3;
+
+/// Replaces DataFusion's hash joins by [`SpillingHashJoinExec`] (a physical optimizer
+/// rule, added when the session has a budget).
+#[derive(Debug, Default)]
+pub(crate) struct SpillingJoins;
+
+impl PhysicalOptimizerRule for SpillingJoins {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            if !wrappable(join) {
+                return Ok(Transformed::no(node));
+            }
+            let copy = join.builder().build()?;
+            let wrapped: Arc<dyn ExecutionPlan> =
+                Arc::new(SpillingHashJoinExec::new(Arc::new(copy), 0));
+            Ok(Transformed::yes(wrapped))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "scad_spilling_hash_joins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+fn wrappable(join: &HashJoinExec) -> bool {
+    !join.null_aware
+        && match join.partition_mode() {
+            PartitionMode::Partitioned => true,
+            PartitionMode::CollectLeft => {
+                join.left().properties().partitioning.partition_count() == 1
+            }
+            PartitionMode::Auto => false,
+        }
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct SpillingHashJoinExec {
+    join: Arc<HashJoinExec>,
+    level: u32,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl SpillingHashJoinExec {
+    fn new(join: Arc<HashJoinExec>, level: u32) -> Self {
+        let properties = join.properties().clone();
+        SpillingHashJoinExec {
+            join,
+            level,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for SpillingHashJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SpillingHashJoinExec: level={}, wraps ", self.level)?;
+        self.join.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for SpillingHashJoinExec {
+    fn name(&self) -> &str {
+        "SpillingHashJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.join.left(), self.join.right()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        self.join.apply_expressions(f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let join = self
+            .join
+            .builder()
+            .with_new_children(children)?
+            .recompute_properties()
+            .build()?;
+        Ok(Arc::new(SpillingHashJoinExec::new(
+            Arc::new(join),
+            self.level,
+        )))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let run = JoinRun {
+            join: self.join.clone(),
+            level: self.level,
+            partition,
+            context,
+            metrics: self.metrics.clone(),
+            spilled_partitions: MetricBuilder::new(&self.metrics)
+                .counter("spilled_partitions", partition),
+        };
+        let schema = self.join.schema();
+        let stream = futures::stream::once(run.start()).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// One partition's execution.
+struct JoinRun {
+    join: Arc<HashJoinExec>,
+    level: u32,
+    partition: usize,
+    context: Arc<TaskContext>,
+    metrics: ExecutionPlanMetricsSet,
+    spilled_partitions: Count,
+}
+
+impl JoinRun {
+    async fn start(self) -> DfResult<SendableRecordBatchStream> {
+        let left_partition = match self.join.partition_mode() {
+            PartitionMode::CollectLeft => 0,
+            _ => self.partition,
+        };
+        let left_schema = self.join.left().schema();
+        let mut left = self
+            .join
+            .left()
+            .execute(left_partition, self.context.clone())?;
+        let reservation = MemoryConsumer::new(format!(
+            "SpillingHashJoin[{}] build level {}",
+            self.partition, self.level
+        ))
+        .with_can_spill(true)
+        .register(self.context.memory_pool());
+        let mut build = Vec::new();
+        let mut overflow = None;
+        while let Some(batch) = left.next().await {
+            let batch = batch?;
+            // The join's hash table costs about as much again as the rows.
+            if reservation
+                .try_grow(2 * batch.get_array_memory_size())
+                .is_ok()
+            {
+                build.push(batch);
+            } else {
+                overflow = Some(batch);
+                break;
+            }
+        }
+        let right = self
+            .join
+            .right()
+            .execute(self.partition, self.context.clone())?;
+        let Some(first_overflow) = overflow else {
+            // It fits: the wrapped join runs on the rows read. Its own reservation
+            // takes over from ours.
+            drop(reservation);
+            let left = OneShotExec::new(
+                left_schema.clone(),
+                Box::pin(MemoryStream::try_new(build, left_schema, None)?),
+            );
+            return self.inner_join(
+                left,
+                OneShotExec::new(self.join.right().schema(), right),
+                false,
+            );
+        };
+        // Too large: partition both sides into memory elements.
+        self.spilled_partitions.add(FANOUT);
+        let seed = 0x5cad_0000_u64 + u64::from(self.level);
+        let left_keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
+        let right_keys: Vec<_> = self.join.on().iter().map(|(_, r)| r.clone()).collect();
+        let left_spill = SpillManager::new(
+            self.context.runtime_env(),
+            SpillMetrics::new(&self.metrics, self.partition),
+            left_schema.clone(),
+        );
+        let buffered = futures::stream::iter(build.into_iter().chain([first_overflow]).map(Ok));
+        let left_files = spill_partitioned(
+            &left_spill,
+            &left_keys,
+            seed,
+            "hash join build",
+            buffered.chain(left),
+        )
+        .await?;
+        reservation.free();
+        let right_schema = self.join.right().schema();
+        let right_spill = SpillManager::new(
+            self.context.runtime_env(),
+            SpillMetrics::new(&self.metrics, self.partition),
+            right_schema,
+        );
+        let right_files =
+            spill_partitioned(&right_spill, &right_keys, seed, "hash join probe", right).await?;
+        let spills = Arc::new((left_spill, right_spill));
+        let schema = self.join.schema();
+        let parts = left_files.into_iter().zip(right_files);
+        let runs = futures::stream::iter(parts).map(move |(l, r)| {
+            let (ls, rs) = &*spills;
+            let left = match l {
+                Some(f) => ls.read_spill_as_stream(f, None)?,
+                None => empty_stream(ls.schema().clone())?,
+            };
+            let right = match r {
+                Some(f) => rs.read_spill_as_stream(f, None)?,
+                None => empty_stream(rs.schema().clone())?,
+            };
+            self.inner_join(
+                OneShotExec::new(ls.schema().clone(), left),
+                OneShotExec::new(rs.schema().clone(), right),
+                true,
+            )
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            runs.try_flatten(),
+        )))
+    }
+
+    /// Runs the wrapped join on one-partition inputs; `nested` wraps it again one
+    /// level deeper so that a partition still too large is split again.
+    fn inner_join(
+        &self,
+        left: OneShotExec,
+        right: OneShotExec,
+        nested: bool,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let join = self
+            .join
+            .builder()
+            .with_new_children(vec![Arc::new(left), Arc::new(right)])?
+            .with_partition_mode(PartitionMode::CollectLeft)
+            .reset_state()
+            .recompute_properties()
+            .build()?;
+        let plan: Arc<dyn ExecutionPlan> = if nested && self.level < MAX_LEVEL {
+            Arc::new(SpillingHashJoinExec::new(Arc::new(join), self.level + 1))
+        } else {
+            Arc::new(join)
+        };
+        plan.execute(0, self.context.clone())
+    }
+}
+
+fn empty_stream(schema: SchemaRef) -> DfResult<SendableRecordBatchStream> {
+    Ok(Box::pin(MemoryStream::try_new(vec![], schema, None)?))
+}
+
+/// Writes the batches of `input` into [`FANOUT`] spill files by the hash of their
+/// key columns; returns the files (`None` for a partition without rows).
+async fn spill_partitioned<S>(
+    spill: &SpillManager,
+    keys: &[Arc<dyn PhysicalExpr>],
+    seed: u64,
+    what: &str,
+    mut input: S,
+) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>>
+where
+    S: futures::Stream<Item = DfResult<RecordBatch>> + Unpin,
+{
+    let hasher = RandomState::with_seed(seed);
+    let mut files: Vec<Option<_>> = (0..FANOUT).map(|_| None).collect();
+    let mut hashes = Vec::new();
+    while let Some(batch) = input.next().await {
+        let batch = batch?;
+        let rows = batch.num_rows();
+        if rows == 0 {
+            continue;
+        }
+        let arrays: Vec<ArrayRef> = keys
+            .iter()
+            .map(|k| k.evaluate(&batch)?.into_array(rows))
+            .collect::<DfResult<_>>()?;
+        hashes.clear();
+        hashes.resize(rows, 0u64);
+        create_hashes(&arrays, &hasher, &mut hashes)?;
+        let mut indices: Vec<Vec<u32>> = vec![Vec::new(); FANOUT];
+        for (row, h) in hashes.iter().enumerate() {
+            // The high bits: the wrapped join's own table uses the low ones.
+            let p = ((h >> 40) as usize) % FANOUT;
+            indices[p].push(row as u32);
+        }
+        for (p, rows) in indices.into_iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
+            let file = match &mut files[p] {
+                Some(f) => f,
+                slot => slot.insert(spill.create_in_progress_file(what)?),
+            };
+            file.append_batch(&part)?;
+        }
+    }
+    files
+        .into_iter()
+        .map(|f| match f {
+            Some(mut f) => f.finish(),
+            None => Ok(None),
+        })
+        .collect()
+}
+
+/// A leaf that yields one prepared stream once: how the spilling join hands rows it
+/// already read (or spilled) to the wrapped join.
+struct OneShotExec {
+    stream: Mutex<Option<SendableRecordBatchStream>>,
+    properties: Arc<PlanProperties>,
+}
+
+impl OneShotExec {
+    fn new(schema: SchemaRef, stream: SendableRecordBatchStream) -> Self {
+        OneShotExec {
+            stream: Mutex::new(Some(stream)),
+            properties: Arc::new(PlanProperties::new(
+                EquivalenceProperties::new(schema),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            )),
+        }
+    }
+}
+
+impl fmt::Debug for OneShotExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OneShotExec")
+    }
+}
+
+impl DisplayAs for OneShotExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("OneShotExec")
+    }
+}
+
+impl ExecutionPlan for OneShotExec {
+    fn name(&self) -> &str {
+        "OneShotExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "OneShotExec takes no children".into(),
+            ))
+        }
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let taken = self
+            .stream
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match (partition, taken) {
+            (0, Some(s)) => Ok(s),
+            _ => Err(DataFusionError::Internal(format!(
+                "OneShotExec: partition {partition} asked for, or asked for twice"
+            ))),
+        }
+    }
+}

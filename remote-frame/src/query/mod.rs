@@ -1,0 +1,462 @@
+//! The query engine: SQL over [`RemoteFrame`]s, planned and optimized by DataFusion
+//! (subquery decorrelation, predicate and projection pushdown, join ordering from the
+//! frames' statistics) and run batch by batch within a local memory budget.
+//!
+//! What is Scad's own:
+//! - the scan ([`RemoteFrame`] tables read column by column, chunk by chunk, straight
+//!   from the memory elements, only the columns a query uses);
+//! - the budget: one memory pool per session, sized by the env's budget
+//!   ([`FrameEnv::with_budget`]); every operator reserves before it holds, and the
+//!   peak of what was reserved is reported per query;
+//! - spilling: operators that spill when their reservation fails (sorts, aggregates,
+//!   sort-merge joins, repartitions) write their runs to the env's memory elements,
+//!   never to local disk; each spill file frees its remote memory when dropped.
+//!
+//! Streaming operators (scan, filter, projection, the probe side of joins, partial
+//! aggregation) are fused into pipelines that write nothing to memory elements.
+//!
+//! ## Example
+//! ```
+//! use std::sync::Arc;
+//! use polars::prelude::*;
+//! use scad_core::transport::LocalTransport;
+//! use scad_remote_array::{BufferPool, RemoteStore};
+//! use scad_remote_frame::{FrameEnv, QuerySession, RemoteFrame};
+//!
+//! let store = Arc::new(RemoteStore::new(Arc::new(BufferPool::builder(1 << 20).build()?)));
+//! store.add_element("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
+//! let env = FrameEnv::new(store).with_budget(16 << 20);
+//! let sales = df!("item" => [1i64, 2, 2, 3], "price" => [1.0, 2.0, 3.0, 4.0])?;
+//! let sales = RemoteFrame::from_polars(&env, &sales)?;
+//!
+//! let session = QuerySession::new(&env)?;
+//! session.register("sales", &sales)?;
+//! let out = session.sql("SELECT item, sum(price) AS total FROM sales GROUP BY item ORDER BY item")?;
+//! assert_eq!(out.rows(), 3);
+//! assert!(out.ordered());
+//! let df = out.to_polars()?;
+//! assert_eq!(df.column("total")?.f64()?.get(1), Some(5.0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod join;
+mod numeric;
+mod scan;
+mod spill;
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use datafusion::common::DataFusionError;
+use datafusion::execution::disk_manager::DiskManagerBuilder;
+use datafusion::execution::memory_pool::{
+    FairSpillPool, MemoryPool, PeakRecordingPool, TrackConsumersPool, UnboundedMemoryPool,
+};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use polars::prelude::DataFrame;
+
+use crate::env::FrameEnv;
+use crate::error::{Error, Result};
+use crate::frame::RemoteFrame;
+use crate::interop;
+use scan::RemoteTable;
+use spill::{RemoteSpillFactory, SpillCounters};
+
+/// A query session: tables (RemoteFrames registered by name), one memory pool sized
+/// by the env's budget, and spilling to the env's memory elements.
+///
+/// `Send + Sync`; queries of one session share its budget.
+pub struct QuerySession {
+    env: FrameEnv,
+    ctx: SessionContext,
+    runtime: tokio::runtime::Runtime,
+    pool: Arc<PeakRecordingPool>,
+    spill: Arc<SpillCounters>,
+    tables: Mutex<BTreeMap<String, RemoteFrame>>,
+}
+
+impl std::fmt::Debug for QuerySession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuerySession")
+            .field("budget", &self.env.budget())
+            .field("tables", &self.table_names())
+            .finish()
+    }
+}
+
+/// What one query did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryStats {
+    /// Planning and execution time.
+    pub elapsed: Duration,
+    /// Rows of the answer.
+    pub rows: usize,
+    /// The most local memory the query's operators had reserved at once.
+    pub peak_local_bytes: u64,
+    /// The session's budget (`u64::MAX`: unlimited).
+    pub budget: u64,
+    /// Bytes the scans read from memory elements.
+    pub scan_bytes: u64,
+    /// Spill files written to memory elements.
+    pub spill_files: u64,
+    /// Bytes written to memory elements by spilling.
+    pub spill_bytes_written: u64,
+    /// Bytes of spill files read back.
+    pub spill_bytes_read: u64,
+}
+
+impl QueryStats {
+    /// All bytes moved between this compute element and memory elements.
+    pub fn bytes_moved(&self) -> u64 {
+        self.scan_bytes + self.spill_bytes_written + self.spill_bytes_read
+    }
+}
+
+/// The answer of a query and how it was computed.
+#[derive(Debug)]
+pub struct QueryOutput {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    ordered: bool,
+    stats: QueryStats,
+    plan: Arc<dyn ExecutionPlan>,
+}
+
+impl QueryOutput {
+    /// Rows of the answer.
+    pub fn rows(&self) -> usize {
+        self.stats.rows
+    }
+
+    /// Whether the query orders its answer (a top-level `ORDER BY`): rows are then
+    /// in that order, otherwise in no particular order.
+    pub fn ordered(&self) -> bool {
+        self.ordered
+    }
+
+    /// The answer's Arrow schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The answer as arrow-rs record batches.
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.batches
+    }
+
+    /// Statistics of the run.
+    pub fn stats(&self) -> &QueryStats {
+        &self.stats
+    }
+
+    /// The answer as a Polars DataFrame.
+    ///
+    /// # Errors
+    /// [`Error::Polars`] for a type Polars cannot take.
+    pub fn to_polars(&self) -> Result<DataFrame> {
+        let batches: Vec<RecordBatch> = self
+            .batches
+            .iter()
+            .filter(|b| b.num_rows() > 0)
+            .cloned()
+            .collect();
+        if batches.is_empty() {
+            let empty = RecordBatch::new_empty(self.schema.clone());
+            return interop::from_record_batches(&[empty]);
+        }
+        interop::from_record_batches(&batches)
+    }
+
+    /// Writes the answer to memory elements as a new frame.
+    ///
+    /// # Errors
+    /// As [`RemoteFrame::from_polars`].
+    pub fn to_remote_frame(&self, env: &FrameEnv) -> Result<RemoteFrame> {
+        RemoteFrame::from_polars(env, &self.to_polars()?)
+    }
+
+    /// The physical plan with each operator's metrics from this run (rows, time,
+    /// bytes read, spills, memory): EXPLAIN ANALYZE.
+    pub fn explain_analyze(&self) -> String {
+        displayable(self.plan.as_ref())
+            .indent(true)
+            .to_string()
+            .trim_end()
+            .to_owned()
+            + &format!(
+                "\n-- rows={} elapsed={:?} peak_local={} budget={} scan_bytes={} spill_files={} spill_written={} spill_read={}",
+                self.stats.rows,
+                self.stats.elapsed,
+                self.stats.peak_local_bytes,
+                self.stats.budget,
+                self.stats.scan_bytes,
+                self.stats.spill_files,
+                self.stats.spill_bytes_written,
+                self.stats.spill_bytes_read
+            )
+    }
+}
+
+impl QuerySession {
+    /// A session whose operators stay within `env`'s budget and spill to `env`'s
+    /// memory elements.
+    ///
+    /// # Errors
+    /// [`Error::Query`] when the runtime cannot start.
+    pub fn new(env: &FrameEnv) -> Result<Self> {
+        let budget = env.budget();
+        let inner: Arc<dyn MemoryPool> = if budget == u64::MAX {
+            Arc::new(UnboundedMemoryPool::default())
+        } else {
+            let top = NonZeroUsize::new(5).unwrap_or(NonZeroUsize::MIN);
+            Arc::new(TrackConsumersPool::new(
+                FairSpillPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
+                top,
+            ))
+        };
+        let pool = Arc::new(PeakRecordingPool::new(inner));
+        let spill = Arc::new(SpillCounters::default());
+        let factory = Arc::new(RemoteSpillFactory::new(env.clone(), spill.clone()));
+        let runtime_env = RuntimeEnvBuilder::new()
+            .with_memory_pool(pool.clone())
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default()
+                    .with_temp_file_factory(factory)
+                    .with_max_temp_directory_size(u64::MAX),
+            )
+            .build_arc()
+            .map_err(query_error)?;
+        let threads = std::thread::available_parallelism()
+            .map(NonZeroUsize::get)
+            .unwrap_or(2);
+        let mut config = SessionConfig::new()
+            .with_target_partitions(partitions(budget, threads))
+            .with_batch_size(batch_rows(budget))
+            .with_information_schema(false);
+        if budget != u64::MAX {
+            // A sort keeps this much back for merging its spilled runs; DataFusion's
+            // default (10 MiB) would be most of a small budget.
+            let reserve = (budget / 64).clamp(16 << 10, 10 << 20) as usize;
+            config.options_mut().execution.sort_spill_reservation_bytes = reserve;
+        }
+        let mut state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime_env)
+            .with_default_features();
+        if budget != u64::MAX {
+            state = state.with_physical_optimizer_rule(Arc::new(join::SpillingJoins));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("scad-query")
+            .build()
+            .map_err(|e| Error::Query(Box::new(DataFusionError::IoError(e))))?;
+        Ok(QuerySession {
+            env: env.clone(),
+            ctx,
+            runtime,
+            pool,
+            spill,
+            tables: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The env whose budget and memory elements the session uses.
+    pub fn env(&self) -> &FrameEnv {
+        &self.env
+    }
+
+    /// Makes `frame` queryable as table `name` (replacing a table of that name).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty name; [`Error::Query`].
+    pub fn register(&self, name: &str, frame: &RemoteFrame) -> Result<()> {
+        if name.trim().is_empty() {
+            return Err(Error::InvalidArgument(
+                "a table name must not be empty".into(),
+            ));
+        }
+        self.ctx
+            .register_table(name, Arc::new(RemoteTable::new(frame.clone())))
+            .map_err(query_error)?;
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), frame.clone());
+        Ok(())
+    }
+
+    /// Names of the registered tables.
+    pub fn table_names(&self) -> Vec<String> {
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Plans `sql` (one read-only statement) without running it.
+    fn plan(&self, sql: &str) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
+        let options = SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(false)
+            .with_allow_statements(false);
+        self.runtime.block_on(async {
+            let df = self
+                .ctx
+                .sql_with_options(sql, options)
+                .await
+                .map_err(query_error)?;
+            let state = self.ctx.state();
+            let logical = state.optimize(df.logical_plan()).map_err(query_error)?;
+            let physical = state
+                .create_physical_plan(&logical)
+                .await
+                .map_err(query_error)?;
+            Ok((logical, physical))
+        })
+    }
+
+    /// The physical plan of `sql` as text (EXPLAIN), without running it.
+    ///
+    /// # Errors
+    /// As [`QuerySession::sql`], for planning.
+    pub fn explain(&self, sql: &str) -> Result<String> {
+        let (_, physical) = self.plan(sql)?;
+        let text = displayable(physical.as_ref()).indent(true).to_string();
+        Ok(text)
+    }
+
+    /// Runs one read-only SQL statement and collects its answer.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for SQL the engine cannot run (named in the message),
+    /// refused before anything runs; [`Error::Query`] for unknown tables or columns
+    /// and type errors; [`Error::OutOfBudget`] when an operator that cannot spill
+    /// needs more than the budget; transport errors from the scans.
+    pub fn sql(&self, sql: &str) -> Result<QueryOutput> {
+        let start = Instant::now();
+        self.pool.reset_peak();
+        let spill_before = (
+            self.spill.files.load(Ordering::Relaxed),
+            self.spill.bytes_written.load(Ordering::Relaxed),
+            self.spill.bytes_read.load(Ordering::Relaxed),
+        );
+        let (logical, physical) = self.plan(sql)?;
+        let batches = self
+            .runtime
+            .block_on(collect(physical.clone(), self.ctx.task_ctx()))
+            .map_err(|e| self.run_error(e))?;
+        let rows = batches.iter().map(RecordBatch::num_rows).sum();
+        let scan_bytes = scan_bytes(physical.as_ref());
+        let stats = QueryStats {
+            elapsed: start.elapsed(),
+            rows,
+            peak_local_bytes: self.pool.peak_reserved() as u64,
+            budget: self.env.budget(),
+            scan_bytes,
+            spill_files: self.spill.files.load(Ordering::Relaxed) - spill_before.0,
+            spill_bytes_written: self.spill.bytes_written.load(Ordering::Relaxed) - spill_before.1,
+            spill_bytes_read: self.spill.bytes_read.load(Ordering::Relaxed) - spill_before.2,
+        };
+        Ok(QueryOutput {
+            schema: physical.schema(),
+            batches,
+            ordered: is_ordered(&logical),
+            stats,
+            plan: physical,
+        })
+    }
+
+    /// Bytes of remote memory held by spill files now (0 between queries: every
+    /// spill file frees its memory when its operator is done or the query fails).
+    pub fn spill_bytes_held(&self) -> u64 {
+        self.spill.live_bytes.load(Ordering::Relaxed)
+    }
+
+    fn run_error(&self, e: DataFusionError) -> Error {
+        match e.find_root() {
+            DataFusionError::ResourcesExhausted(detail) => Error::OutOfBudget {
+                budget: self.env.budget(),
+                detail: detail.clone(),
+            },
+            _ => query_error(e),
+        }
+    }
+}
+
+/// Budget per partition below which a query runs as one partition: every partition
+/// multiplies the operators that hold memory at once (each sort, aggregate and join
+/// build side), and DataFusion's pool gives each spilling operator an equal share, so
+/// a small budget split many ways leaves no operator room for a single batch.
+const PARTITION_BUDGET: u64 = 64 << 20;
+
+fn partitions(budget: u64, threads: usize) -> usize {
+    let by_budget = usize::try_from(budget / PARTITION_BUDGET).unwrap_or(usize::MAX);
+    threads.min(by_budget).max(1)
+}
+
+/// Rows per batch: DataFusion's 8192, fewer for small budgets (about 2 KiB of budget
+/// per row), so that a sort's or aggregate's share holds several batches.
+fn batch_rows(budget: u64) -> usize {
+    usize::try_from(budget / 2048)
+        .unwrap_or(usize::MAX)
+        .clamp(1024, 8192)
+}
+
+/// Whether the plan's answer is ordered: a sort at its top, under projections and
+/// limits only.
+fn is_ordered(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Sort(_) => true,
+        LogicalPlan::Projection(p) => is_ordered(&p.input),
+        LogicalPlan::Limit(l) => is_ordered(&l.input),
+        LogicalPlan::SubqueryAlias(a) => is_ordered(&a.input),
+        _ => false,
+    }
+}
+
+fn scan_bytes(plan: &dyn ExecutionPlan) -> u64 {
+    let own = if plan.is::<scan::RemoteScanExec>() {
+        plan.metrics()
+            .and_then(|m| m.sum_by_name("bytes_read"))
+            .map(|v| v.as_usize() as u64)
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    own + plan
+        .children()
+        .into_iter()
+        .map(|c| scan_bytes(c.as_ref()))
+        .sum::<u64>()
+}
+
+/// Maps a DataFusion error: our own errors come back as themselves, SQL the engine
+/// does not implement as [`Error::Unsupported`].
+fn query_error(e: DataFusionError) -> Error {
+    match e {
+        DataFusionError::NotImplemented(what) => Error::Unsupported(what),
+        DataFusionError::External(inner) => match inner.downcast::<Error>() {
+            Ok(ours) => *ours,
+            Err(other) => Error::Query(Box::new(DataFusionError::External(other))),
+        },
+        DataFusionError::Context(ctx, inner) => match *inner {
+            DataFusionError::NotImplemented(what) => Error::Unsupported(format!("{ctx}: {what}")),
+            other => Error::Query(Box::new(DataFusionError::Context(ctx, Box::new(other)))),
+        },
+        other => Error::Query(Box::new(other)),
+    }
+}

@@ -1,0 +1,109 @@
+//! Decimal division and averages as doubles, as DuckDB computes them.
+//!
+//! DataFusion divides decimals into a decimal of limited scale, truncating
+//! (`0.0323197...` becomes `0.032318` after a sum of truncated quotients), and
+//! averages a decimal column as a truncated decimal. DuckDB, the engine our answers
+//! are checked against, and most analysts' expectations compute both in double
+//! precision. This analyzer rule runs after type coercion and casts the operands of
+//! a division with a decimal side, and the argument of `avg` over decimals (as an
+//! aggregate or a window function), to `DOUBLE`; output names stay as written.
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, Result as DfResult};
+use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::{
+    BinaryExpr, Cast, Expr, ExprSchemable, LogicalPlan, Operator, WindowFunctionDefinition,
+};
+use datafusion::optimizer::AnalyzerRule;
+
+/// The rule; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct DecimalAsDouble;
+
+impl AnalyzerRule for DecimalAsDouble {
+    fn name(&self) -> &str {
+        "scad_decimal_division_and_average_as_double"
+    }
+
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
+        plan.transform_up_with_subqueries(|node| {
+            let schema = input_schema(&node)?;
+            let names = NamePreserver::new(&node);
+            let node = node.map_expressions(|e| {
+                let saved = names.save(&e);
+                let t = e.transform_up(|x| Ok(rewrite(x, &schema)))?;
+                Ok(t.update_data(|e| saved.restore(e)))
+            })?;
+            // A child's output types may have changed even where this node's
+            // expressions did not, so every node's schema is derived anew.
+            Ok(Transformed::yes(node.data.recompute_schema()?))
+        })
+        .map(|t| t.data)
+    }
+}
+
+/// The schema a node's expressions are evaluated against: its inputs' columns.
+fn input_schema(plan: &LogicalPlan) -> DfResult<DFSchema> {
+    let inputs = plan.inputs();
+    let Some((first, rest)) = inputs.split_first() else {
+        return Ok(plan.schema().as_ref().clone());
+    };
+    let mut schema = first.schema().as_ref().clone();
+    for other in rest {
+        schema.merge(other.schema());
+    }
+    Ok(schema)
+}
+
+fn is_decimal(e: &Expr, schema: &DFSchema) -> bool {
+    matches!(
+        e.get_type(schema),
+        Ok(DataType::Decimal32(..)
+            | DataType::Decimal64(..)
+            | DataType::Decimal128(..)
+            | DataType::Decimal256(..))
+    )
+}
+
+fn double(e: Expr) -> Expr {
+    Expr::Cast(Cast::new(Box::new(e), DataType::Float64))
+}
+
+fn rewrite(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
+    match e {
+        Expr::BinaryExpr(b)
+            if b.op == Operator::Divide
+                && (is_decimal(&b.left, schema) || is_decimal(&b.right, schema)) =>
+        {
+            Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
+                Box::new(double(*b.left)),
+                Operator::Divide,
+                Box::new(double(*b.right)),
+            )))
+        }
+        Expr::AggregateFunction(mut a)
+            if a.func.name() == "avg"
+                && a.params.args.first().is_some_and(|x| is_decimal(x, schema)) =>
+        {
+            a.params.args = std::mem::take(&mut a.params.args)
+                .into_iter()
+                .map(double)
+                .collect();
+            Transformed::yes(Expr::AggregateFunction(AggregateFunction { ..a }))
+        }
+        Expr::WindowFunction(mut w)
+            if matches!(&w.fun, WindowFunctionDefinition::AggregateUDF(f) if f.name() == "avg")
+                && w.params.args.first().is_some_and(|x| is_decimal(x, schema)) =>
+        {
+            w.params.args = std::mem::take(&mut w.params.args)
+                .into_iter()
+                .map(double)
+                .collect();
+            Transformed::yes(Expr::WindowFunction(Box::new(WindowFunction { ..*w })))
+        }
+        other => Transformed::no(other),
+    }
+}

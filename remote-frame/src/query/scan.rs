@@ -1,0 +1,416 @@
+//! The RemoteFrame scan: a DataFusion table over a [`RemoteFrame`] that reads only the
+//! columns a query uses, chunk by chunk, straight from the memory elements.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use async_trait::async_trait;
+use datafusion::arrow::compute::cast;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result as DfResult, Statistics};
+use datafusion::datasource::TableType;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::statistics::StatisticsArgs;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use std::collections::VecDeque;
+
+use futures::StreamExt;
+
+use crate::frame::RemoteFrame;
+use crate::interop;
+use crate::meta::{chunk_column_bytes, ColumnType};
+
+/// The Arrow type a stored column is read as.
+pub(crate) fn arrow_type(t: ColumnType) -> DataType {
+    match t {
+        ColumnType::Boolean => DataType::Boolean,
+        ColumnType::Int8 => DataType::Int8,
+        ColumnType::Int16 => DataType::Int16,
+        ColumnType::Int32 => DataType::Int32,
+        ColumnType::Int64 => DataType::Int64,
+        ColumnType::UInt8 => DataType::UInt8,
+        ColumnType::UInt16 => DataType::UInt16,
+        ColumnType::UInt32 => DataType::UInt32,
+        ColumnType::UInt64 => DataType::UInt64,
+        ColumnType::Float32 => DataType::Float32,
+        ColumnType::Float64 => DataType::Float64,
+        ColumnType::Date => DataType::Date32,
+        // Precision and scale are at most 38 (checked when a frame is opened).
+        ColumnType::Decimal { precision, scale } => {
+            DataType::Decimal128(precision.min(38) as u8, scale.min(38) as i8)
+        }
+        ColumnType::String => DataType::Utf8View,
+        ColumnType::Null => DataType::Null,
+    }
+}
+
+/// A [`RemoteFrame`] as a DataFusion table.
+#[derive(Debug)]
+pub(crate) struct RemoteTable {
+    frame: RemoteFrame,
+    schema: SchemaRef,
+}
+
+impl RemoteTable {
+    pub(crate) fn new(frame: RemoteFrame) -> Self {
+        let fields: Vec<Field> = frame
+            .meta()
+            .schema
+            .iter()
+            .map(|c| Field::new(&c.name, arrow_type(c.dtype), true))
+            .collect();
+        RemoteTable {
+            frame,
+            schema: Arc::new(Schema::new(fields)),
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for RemoteTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let columns: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let schema = Arc::new(self.schema.project(&columns)?);
+        let partitions = state.config().target_partitions().max(1);
+        let batch_rows = state.config().batch_size().max(1);
+        Ok(Arc::new(RemoteScanExec::new(
+            self.frame.clone(),
+            columns,
+            schema,
+            partitions,
+            batch_rows,
+            limit,
+        )))
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        Some(frame_statistics(
+            &self.frame,
+            &(0..self.schema.fields().len()).collect::<Vec<_>>(),
+            &self.schema,
+        ))
+    }
+}
+
+fn frame_statistics(frame: &RemoteFrame, columns: &[usize], schema: &SchemaRef) -> Statistics {
+    let bytes: u64 = frame
+        .meta()
+        .chunks
+        .iter()
+        .map(|c| chunk_column_bytes(c, columns))
+        .sum();
+    Statistics::new_unknown(schema)
+        .with_num_rows(Precision::Exact(frame.rows()))
+        .with_total_byte_size(Precision::Exact(bytes as usize))
+}
+
+/// Reads a frame's projected columns: chunks are split over the partitions in
+/// contiguous ranges, and each chunk read is one vectored read per memory element.
+#[derive(Debug)]
+pub(crate) struct RemoteScanExec {
+    frame: RemoteFrame,
+    columns: Vec<usize>,
+    schema: SchemaRef,
+    /// Chunk ranges, one per partition.
+    ranges: Vec<std::ops::Range<usize>>,
+    batch_rows: usize,
+    limit: Option<usize>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RemoteScanExec {
+    fn new(
+        frame: RemoteFrame,
+        columns: Vec<usize>,
+        schema: SchemaRef,
+        partitions: usize,
+        batch_rows: usize,
+        limit: Option<usize>,
+    ) -> Self {
+        let chunks = frame.chunk_count();
+        let parts = partitions.min(chunks).max(1);
+        let ranges = (0..parts)
+            .map(|p| (p * chunks / parts)..((p + 1) * chunks / parts))
+            .collect();
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(parts),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        RemoteScanExec {
+            frame,
+            columns,
+            schema,
+            ranges,
+            batch_rows,
+            limit,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for RemoteScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let names: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        write!(
+            f,
+            "RemoteScanExec: rows={}, chunks={}, partitions={}, projection=[{}]",
+            self.frame.rows(),
+            self.frame.chunk_count(),
+            self.ranges.len(),
+            names.join(", ")
+        )?;
+        if let Some(l) = self.limit {
+            write!(f, ", limit={l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for RemoteScanExec {
+    fn name(&self) -> &str {
+        "RemoteScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "RemoteScanExec is a leaf and takes no children".into(),
+            ))
+        }
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(
+                datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
+            ),
+        )
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> DfResult<Arc<Statistics>> {
+        Ok(Arc::new(match args.partition() {
+            None => frame_statistics(&self.frame, &self.columns, &self.schema),
+            Some(_) => Statistics::new_unknown(&self.schema),
+        }))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let range = self.ranges.get(partition).cloned().ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "RemoteScanExec has {} partitions, partition {partition} asked for",
+                self.ranges.len()
+            ))
+        })?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let bytes_read: Count = MetricBuilder::new(&self.metrics).counter("bytes_read", partition);
+        let state = ScanState {
+            reader: ChunkReader {
+                frame: self.frame.clone(),
+                columns: Arc::new(self.columns.clone()),
+                schema: self.schema.clone(),
+                batch_rows: self.batch_rows,
+            },
+            chunks: range,
+            pending: VecDeque::new(),
+            left: self.limit,
+            failed: false,
+            bytes_read,
+        };
+        let stream = futures::stream::unfold(state, |s| s.next()).map(move |b| {
+            if let Ok(b) = &b {
+                baseline.record_output(b.num_rows());
+            }
+            b
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
+    }
+}
+
+/// Reads one stored chunk of the projected columns as record batches.
+#[derive(Clone)]
+struct ChunkReader {
+    frame: RemoteFrame,
+    columns: Arc<Vec<usize>>,
+    schema: SchemaRef,
+    batch_rows: usize,
+}
+
+impl ChunkReader {
+    fn read(&self, chunk: usize) -> DfResult<Vec<RecordBatch>> {
+        let rows = self.frame.meta().chunks[chunk].rows as usize;
+        let df = self
+            .frame
+            .read_chunks(&self.columns, chunk..chunk + 1)
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let whole = if self.columns.is_empty() {
+            // No column is needed (`count(*)`): batches of rows only.
+            vec![RecordBatch::try_new_with_options(
+                self.schema.clone(),
+                vec![],
+                &RecordBatchOptions::new().with_row_count(Some(rows)),
+            )?]
+        } else {
+            interop::to_record_batches(&df)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+                .into_iter()
+                .map(|b| self.conform(b))
+                .collect::<DfResult<Vec<_>>>()?
+        };
+        let mut out = Vec::new();
+        for b in whole {
+            let mut start = 0;
+            while start < b.num_rows() {
+                let n = self.batch_rows.min(b.num_rows() - start);
+                out.push(b.slice(start, n));
+                start += n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Casts columns whose exported type differs from the table's (a decimal's
+    /// precision, say) and puts the table's schema on the batch.
+    fn conform(&self, b: RecordBatch) -> DfResult<RecordBatch> {
+        let columns: Vec<ArrayRef> = b
+            .columns()
+            .iter()
+            .zip(self.schema.fields())
+            .map(|(a, f)| {
+                if a.data_type() == f.data_type() {
+                    Ok(a.clone())
+                } else {
+                    Ok(cast(a, f.data_type())?)
+                }
+            })
+            .collect::<DfResult<_>>()?;
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+}
+
+/// The state of one partition's scan stream.
+struct ScanState {
+    reader: ChunkReader,
+    chunks: std::ops::Range<usize>,
+    pending: VecDeque<RecordBatch>,
+    /// Rows still wanted under a pushed-down limit.
+    left: Option<usize>,
+    failed: bool,
+    bytes_read: Count,
+}
+
+impl ScanState {
+    async fn next(mut self) -> Option<(DfResult<RecordBatch>, Self)> {
+        loop {
+            if self.failed || self.left == Some(0) {
+                return None;
+            }
+            if let Some(b) = self.pending.pop_front() {
+                let b = match self.left {
+                    Some(l) if b.num_rows() > l => b.slice(0, l),
+                    _ => b,
+                };
+                if let Some(l) = &mut self.left {
+                    *l -= b.num_rows();
+                }
+                return Some((Ok(b), self));
+            }
+            let chunk = self.chunks.next()?;
+            let reader = self.reader.clone();
+            let bytes = chunk_column_bytes(&reader.frame.meta().chunks[chunk], &reader.columns);
+            match tokio::task::spawn_blocking(move || reader.read(chunk)).await {
+                Ok(Ok(batches)) => {
+                    self.bytes_read.add(bytes as usize);
+                    self.pending.extend(batches);
+                }
+                Ok(Err(e)) => {
+                    self.failed = true;
+                    return Some((Err(e), self));
+                }
+                Err(e) => {
+                    self.failed = true;
+                    return Some((Err(DataFusionError::External(Box::new(e))), self));
+                }
+            }
+        }
+    }
+}

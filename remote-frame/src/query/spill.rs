@@ -1,0 +1,238 @@
+//! Spill files in memory elements: DataFusion's spilling operators (sort, aggregate,
+//! sort-merge join, ...) write their runs through a [`TempFileFactory`]; this one puts
+//! them into the query's memory elements instead of local disk. A spill file is a list
+//! of remote blocks, freed when the last reference to the file drops, on every path.
+
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::spill_file::{SpillFile, SpillWriter, TempFileFactory};
+use futures::{Stream, StreamExt};
+
+use crate::env::FrameEnv;
+
+/// Bytes a spill writer gathers locally before writing them as one remote block.
+const BLOCK_BYTES: usize = 1 << 20;
+
+/// Counters of one query's spilling.
+#[derive(Debug, Default)]
+pub(crate) struct SpillCounters {
+    pub(crate) files: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    /// Remote bytes held by spill files now.
+    pub(crate) live_bytes: AtomicU64,
+}
+
+/// Makes spill files in the memory elements of a [`FrameEnv`].
+#[derive(Debug)]
+pub(crate) struct RemoteSpillFactory {
+    env: FrameEnv,
+    counters: Arc<SpillCounters>,
+}
+
+impl RemoteSpillFactory {
+    pub(crate) fn new(env: FrameEnv, counters: Arc<SpillCounters>) -> Self {
+        RemoteSpillFactory { env, counters }
+    }
+}
+
+impl TempFileFactory for RemoteSpillFactory {
+    fn create_temp_file(&self, description: &str) -> DfResult<Arc<dyn SpillFile>> {
+        self.counters.files.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(RemoteSpillFile {
+            inner: Arc::new(SpillBlocks {
+                env: self.env.clone(),
+                description: description.to_owned(),
+                blocks: Mutex::new(Vec::new()),
+                counters: self.counters.clone(),
+            }),
+        }))
+    }
+}
+
+/// One block of a spill file in remote memory.
+#[derive(Debug, Clone)]
+struct Block {
+    element: String,
+    addr: u64,
+    len: u64,
+}
+
+/// The blocks of one spill file; frees them when dropped.
+#[derive(Debug)]
+struct SpillBlocks {
+    env: FrameEnv,
+    description: String,
+    blocks: Mutex<Vec<Block>>,
+    counters: Arc<SpillCounters>,
+}
+
+impl SpillBlocks {
+    fn blocks(&self) -> Vec<Block> {
+        self.blocks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Writes `data` as a new block on the next memory element.
+    fn append(&self, data: &[u8]) -> DfResult<()> {
+        let element = self.env.next_element().map_err(external)?;
+        let len = data.len() as u64;
+        let addr = self
+            .env
+            .store()
+            .allocate(&element, len)
+            .map_err(|e| self.error("allocating a spill block", e))?;
+        let written = self.env.transport(&element).and_then(|t| {
+            t.write(addr, data)
+                .map_err(|source| crate::Error::Transport {
+                    op: "write",
+                    element: element.clone(),
+                    addr,
+                    len,
+                    source: Box::new(source),
+                })
+        });
+        if let Err(e) = written {
+            // The block never became part of the file: give it back now.
+            let _ = self.env.store().free(&element, addr, len);
+            return Err(self.error("writing a spill block", e));
+        }
+        self.counters
+            .bytes_written
+            .fetch_add(len, Ordering::Relaxed);
+        self.counters.live_bytes.fetch_add(len, Ordering::Relaxed);
+        self.blocks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Block { element, addr, len });
+        Ok(())
+    }
+
+    fn read(&self, b: &Block) -> DfResult<Bytes> {
+        let mut buf = vec![0u8; b.len as usize];
+        self.env
+            .transport(&b.element)
+            .and_then(|t| {
+                t.read(b.addr, &mut buf)
+                    .map_err(|source| crate::Error::Transport {
+                        op: "read",
+                        element: b.element.clone(),
+                        addr: b.addr,
+                        len: b.len,
+                        source: Box::new(source),
+                    })
+            })
+            .map_err(|e| self.error("reading a spill block", e))?;
+        self.counters.bytes_read.fetch_add(b.len, Ordering::Relaxed);
+        Ok(Bytes::from(buf))
+    }
+
+    fn error(&self, what: &str, e: impl Into<crate::Error>) -> DataFusionError {
+        let e: crate::Error = e.into();
+        DataFusionError::Execution(format!(
+            "{what} of spill file {:?} in memory elements: {e}",
+            self.description
+        ))
+    }
+}
+
+impl Drop for SpillBlocks {
+    fn drop(&mut self) {
+        let blocks = std::mem::take(
+            self.blocks
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for b in blocks {
+            self.counters.live_bytes.fetch_sub(b.len, Ordering::Relaxed);
+            if let Err(e) = self.env.store().free(&b.element, b.addr, b.len) {
+                tracing::warn!(element = %b.element, addr = b.addr, len = b.len, error = %e,
+                    "could not free a spill block");
+            }
+        }
+    }
+}
+
+fn external(e: crate::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// A spill file held in memory elements.
+#[derive(Debug)]
+struct RemoteSpillFile {
+    inner: Arc<SpillBlocks>,
+}
+
+impl SpillFile for RemoteSpillFile {
+    fn size(&self) -> Option<u64> {
+        Some(self.inner.blocks().iter().map(|b| b.len).sum())
+    }
+
+    fn read_stream(&self) -> DfResult<Pin<Box<dyn Stream<Item = DfResult<Bytes>> + Send>>> {
+        let inner = self.inner.clone();
+        let blocks = inner.blocks();
+        let stream = futures::stream::iter(blocks).then(move |b| {
+            let inner = inner.clone();
+            async move {
+                tokio::task::spawn_blocking(move || inner.read(&b))
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    fn open_writer(&self) -> DfResult<Box<dyn SpillWriter>> {
+        Ok(Box::new(RemoteSpillWriter {
+            inner: self.inner.clone(),
+            buf: Vec::with_capacity(BLOCK_BYTES),
+        }))
+    }
+}
+
+/// Appends to a [`RemoteSpillFile`] block by block.
+struct RemoteSpillWriter {
+    inner: Arc<SpillBlocks>,
+    buf: Vec<u8>,
+}
+
+impl RemoteSpillWriter {
+    fn flush_block(&mut self) -> DfResult<()> {
+        if !self.buf.is_empty() {
+            self.inner.append(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+impl Write for RemoteSpillWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let room = BLOCK_BYTES - self.buf.len();
+        let n = room.min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == BLOCK_BYTES {
+            self.flush_block().map_err(std::io::Error::other)?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        // Readers of a file still being written (repartition's spill pool) read
+        // after a flush, so a flush writes the partial block.
+        self.flush_block().map_err(std::io::Error::other)
+    }
+}
+
+impl SpillWriter for RemoteSpillWriter {
+    fn finish(&mut self) -> DfResult<()> {
+        self.flush_block()
+    }
+}

@@ -1,0 +1,114 @@
+//! All 99 TPC-DS queries from their official SQL text through the query engine over
+//! memory elements, on SF 0.01 data generated during the test run (cached under
+//! data/tpcds), compared with DuckDB's answers by value.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, OnceLock};
+
+use scad_core::server::{MemoryServer, ServerConfig};
+use scad_core::transport::{TcpOptions, TcpTransport};
+use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_frame::FrameEnv;
+use scad_tpcds::compare::compare_values;
+use scad_tpcds::data::{generate, DataSet, GenerateOptions};
+use scad_tpcds::engine::{load_frames, official_queries, query_sql, session};
+
+fn data_set() -> &'static DataSet {
+    static SET: OnceLock<DataSet> = OnceLock::new();
+    SET.get_or_init(|| {
+        let mut options = GenerateOptions::new(0.01);
+        options.spread_warehouses = 5;
+        generate(&options).unwrap_or_else(|e| panic!("cannot generate the SF 0.01 test data: {e}"))
+    })
+}
+
+/// Two embedded tcp memory servers and an env over them with small chunks.
+fn env() -> (Vec<MemoryServer>, FrameEnv) {
+    let pool = Arc::new(BufferPool::builder(1 << 20).build().unwrap());
+    let store = Arc::new(RemoteStore::new(pool));
+    let mut servers = Vec::new();
+    for k in 0..2 {
+        let s = MemoryServer::start("127.0.0.1:0", 256 << 20, ServerConfig::default()).unwrap();
+        let t = TcpTransport::connect(&s.local_addr().to_string(), TcpOptions::default()).unwrap();
+        store.add_element(&format!("mem{k}"), Arc::new(t)).unwrap();
+        servers.push(s);
+    }
+    (servers, FrameEnv::new(store).with_chunk_rows(4096))
+}
+
+/// Runs every official query at `budget` (bytes; `None`: unlimited), compares each
+/// answer with DuckDB's, checks the reserved peak against the budget and that no
+/// spill memory is left behind; returns the queries that spilled.
+fn run_all(budget: Option<u64>) -> Vec<String> {
+    let set = data_set();
+    let (_servers, env) = env();
+    let frames = load_frames(&env, set).unwrap();
+    let largest = frames.values().map(|f| f.data_bytes()).max().unwrap();
+    eprintln!("largest table {largest} bytes");
+    let env = match budget {
+        Some(b) => env.with_budget(b),
+        None => env,
+    };
+    let session = session(&env, &frames).unwrap();
+    let mut failures = Vec::new();
+    let mut spilled = Vec::new();
+    for q in official_queries() {
+        let sql = query_sql(set, &q).unwrap();
+        let outcome = session
+            .sql(&sql)
+            .map_err(|e| e.to_string())
+            .and_then(|out| {
+                let df = out.to_polars().map_err(|e| e.to_string())?;
+                compare_values(&df, &set.reference(&q).unwrap(), out.ordered())
+                    .map_err(|e| e.to_string())?;
+                Ok(*out.stats())
+            });
+        match outcome {
+            Ok(stats) => {
+                if let Some(b) = budget {
+                    assert!(
+                        stats.peak_local_bytes <= b,
+                        "{q}: peak {} over the budget {b}",
+                        stats.peak_local_bytes
+                    );
+                }
+                if stats.spill_files > 0 {
+                    spilled.push(q.clone());
+                }
+            }
+            Err(e) => {
+                eprintln!("{q}: {e}");
+                failures.push(q.clone());
+            }
+        }
+        for _ in 0..100 {
+            if session.spill_bytes_held() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(session.spill_bytes_held(), 0, "{q} left spill files behind");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} queries differ: {failures:?}",
+        failures.len()
+    );
+    spilled
+}
+
+#[test]
+fn all_99_queries_equal_duckdb() {
+    run_all(None);
+}
+
+#[test]
+fn all_99_queries_equal_duckdb_within_a_spilling_budget() {
+    let spilled = run_all(Some(
+        std::env::var("B")
+            .map(|b| b.parse().unwrap())
+            .unwrap_or(512 << 10),
+    ));
+    eprintln!("{} queries spilled: {spilled:?}", spilled.len());
+    assert!(spilled.len() >= 10, "too few queries spilled: {spilled:?}");
+}
