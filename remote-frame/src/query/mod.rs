@@ -55,11 +55,12 @@ use arrow_schema::SchemaRef;
 use datafusion::common::DataFusionError;
 use datafusion::execution::disk_manager::DiskManagerBuilder;
 use datafusion::execution::memory_pool::{
-    FairSpillPool, MemoryPool, PeakRecordingPool, TrackConsumersPool, UnboundedMemoryPool,
+    GreedyMemoryPool, MemoryPool, PeakRecordingPool, TrackConsumersPool, UnboundedMemoryPool,
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use polars::prelude::DataFrame;
@@ -74,7 +75,7 @@ use spill::{RemoteSpillFactory, SpillCounters};
 /// A query session: tables (RemoteFrames registered by name), one memory pool sized
 /// by the env's budget, and spilling to the env's memory elements.
 ///
-/// `Send + Sync`; queries of one session share its budget.
+/// `Send + Sync`; queries of one session share its budget and run one at a time.
 pub struct QuerySession {
     env: FrameEnv,
     ctx: SessionContext,
@@ -82,6 +83,7 @@ pub struct QuerySession {
     pool: Arc<PeakRecordingPool>,
     spill: Arc<SpillCounters>,
     tables: Mutex<BTreeMap<String, RemoteFrame>>,
+    running: Mutex<()>,
 }
 
 impl std::fmt::Debug for QuerySession {
@@ -187,7 +189,7 @@ impl QueryOutput {
     /// The physical plan with each operator's metrics from this run (rows, time,
     /// bytes read, spills, memory): EXPLAIN ANALYZE.
     pub fn explain_analyze(&self) -> String {
-        displayable(self.plan.as_ref())
+        DisplayableExecutionPlan::with_metrics(self.plan.as_ref())
             .indent(true)
             .to_string()
             .trim_end()
@@ -218,8 +220,12 @@ impl QuerySession {
             Arc::new(UnboundedMemoryPool::default())
         } else {
             let top = NonZeroUsize::new(5).unwrap_or(NonZeroUsize::MIN);
+            // First come, first served: an operator that cannot get memory spills
+            // (or, if it cannot spill, fails naming itself). DataFusion's fair pool
+            // splits a small budget into shares too small for one batch of a sort or
+            // an aggregate (q23 fails at 25 % of the largest table with it).
             Arc::new(TrackConsumersPool::new(
-                FairSpillPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
+                GreedyMemoryPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
                 top,
             ))
         };
@@ -269,6 +275,7 @@ impl QuerySession {
             pool,
             spill,
             tables: Mutex::new(BTreeMap::new()),
+            running: Mutex::new(()),
         })
     }
 
@@ -347,6 +354,8 @@ impl QuerySession {
     /// and type errors; [`Error::OutOfBudget`] when an operator that cannot spill
     /// needs more than the budget; transport errors from the scans.
     pub fn sql(&self, sql: &str) -> Result<QueryOutput> {
+        // One query at a time: the budget and the spill accounting are the session's.
+        let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let start = Instant::now();
         self.pool.reset_peak();
         let spill_before = (
@@ -355,10 +364,11 @@ impl QuerySession {
             self.spill.bytes_read.load(Ordering::Relaxed),
         );
         let (logical, physical) = self.plan(sql)?;
-        let batches = self
+        let collected = self
             .runtime
-            .block_on(collect(physical.clone(), self.ctx.task_ctx()))
-            .map_err(|e| self.run_error(e))?;
+            .block_on(collect(physical.clone(), self.ctx.task_ctx()));
+        self.await_spill_release();
+        let batches = collected.map_err(|e| self.run_error(e))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
         let scan_bytes = scan_bytes(physical.as_ref());
         let stats = QueryStats {
@@ -386,6 +396,23 @@ impl QuerySession {
         self.spill.live_bytes.load(Ordering::Relaxed)
     }
 
+    /// Waits (boundedly) until every spill file of the last query is freed: after a
+    /// failure, the query's other tasks are cancelled and drop theirs on the runtime's
+    /// threads a moment later.
+    fn await_spill_release(&self) {
+        let deadline = Instant::now() + SPILL_RELEASE_WAIT;
+        while self.spill_bytes_held() > 0 {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    bytes = self.spill_bytes_held(),
+                    "spill files still held after the query ended"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn run_error(&self, e: DataFusionError) -> Error {
         match e.find_root() {
             DataFusionError::ResourcesExhausted(detail) => Error::OutOfBudget {
@@ -396,6 +423,9 @@ impl QuerySession {
         }
     }
 }
+
+/// How long a query's end waits for cancelled tasks to free their spill files.
+const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// Budget per partition below which a query runs as one partition: every partition
 /// multiplies the operators that hold memory at once (each sort, aggregate and join

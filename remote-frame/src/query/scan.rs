@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
@@ -338,10 +338,14 @@ impl ChunkReader {
         };
         let mut out = Vec::new();
         for b in whole {
+            if b.num_rows() <= self.batch_rows {
+                out.push(b);
+                continue;
+            }
             let mut start = 0;
             while start < b.num_rows() {
                 let n = self.batch_rows.min(b.num_rows() - start);
-                out.push(b.slice(start, n));
+                out.push(compact_views(b.slice(start, n))?);
                 start += n;
             }
         }
@@ -365,6 +369,28 @@ impl ChunkReader {
             .collect::<DfResult<_>>()?;
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
+}
+
+/// A slice of a string-view column still points into (and is sized as holding) all
+/// of the chunk's string data; operators would reserve budget for all of it, once
+/// per slice. Compacting copies out just the slice's strings.
+fn compact_views(b: RecordBatch) -> DfResult<RecordBatch> {
+    if !b
+        .columns()
+        .iter()
+        .any(|a| matches!(a.data_type(), DataType::Utf8View))
+    {
+        return Ok(b);
+    }
+    let columns: Vec<ArrayRef> = b
+        .columns()
+        .iter()
+        .map(|a| match a.as_any().downcast_ref::<StringViewArray>() {
+            Some(v) => Arc::new(v.gc()) as ArrayRef,
+            None => a.clone(),
+        })
+        .collect();
+    Ok(RecordBatch::try_new(b.schema(), columns)?)
 }
 
 /// The state of one partition's scan stream.

@@ -1,0 +1,393 @@
+//! The query engine against Polars in memory, on random tables with nulls, duplicate
+//! and skewed keys, at budgets of 100 %, 25 % and 5 % of the input; its errors; and
+//! that a failing query leaves no remote memory behind.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{assert_same, dim, env, fact, Backend};
+use polars::prelude::*;
+use scad_remote_frame::{Error, FrameEnv, QuerySession, RemoteFrame};
+
+struct Fixture {
+    _env: common::Env,
+    env: FrameEnv,
+    fact: DataFrame,
+    dim: DataFrame,
+    frames: Vec<(&'static str, RemoteFrame)>,
+    input_bytes: u64,
+}
+
+fn fixture(fact_rows: usize, dim_rows: usize, fact_keys: i64, dim_keys: i64) -> Fixture {
+    let e = env(Backend::Tcp, 256 << 20);
+    let env = e.env.with_chunk_rows(4096);
+    let f = fact(1, fact_rows, fact_keys);
+    let d = dim(2, dim_rows, dim_keys);
+    let ff = RemoteFrame::from_polars(&env, &f).unwrap();
+    let df = RemoteFrame::from_polars(&env, &d).unwrap();
+    let input_bytes = ff.data_bytes() + df.data_bytes();
+    Fixture {
+        env,
+        _env: e,
+        fact: f,
+        dim: d,
+        frames: vec![("fact", ff), ("dim", df)],
+        input_bytes,
+    }
+}
+
+impl Fixture {
+    /// A session at `fraction` of the inputs' bytes (`None`: unlimited).
+    fn session(&self, fraction: Option<f64>) -> QuerySession {
+        let env = match fraction {
+            Some(f) => self.env.with_budget((self.input_bytes as f64 * f) as u64),
+            None => self.env.clone(),
+        };
+        let s = QuerySession::new(&env).unwrap();
+        for (name, frame) in &self.frames {
+            s.register(name, frame).unwrap();
+        }
+        s
+    }
+
+    /// Runs `sql` at each budget and checks its answer against `want`, the peak
+    /// against the budget and that no spill memory stays allocated; returns how many
+    /// spill files the smallest budget wrote.
+    fn check(&self, what: &str, sql: &str, want: &DataFrame, ordered: bool) -> u64 {
+        self.check_at(&[1.0, 0.25, 0.05], what, sql, want, ordered)
+    }
+
+    fn check_at(
+        &self,
+        fractions: &[f64],
+        what: &str,
+        sql: &str,
+        want: &DataFrame,
+        ordered: bool,
+    ) -> u64 {
+        let mut spills = 0;
+        for &fraction in fractions {
+            let s = self.session(Some(fraction));
+            let out = s
+                .sql(sql)
+                .unwrap_or_else(|e| panic!("{what} at {fraction}: {e}"));
+            let got = out.to_polars().unwrap();
+            if ordered {
+                assert!(out.ordered(), "{what}: the plan should be ordered");
+                assert_eq!(got.height(), want.height(), "{what} at {fraction}: rows");
+                for (g, w) in got.columns().iter().zip(want.columns()) {
+                    assert!(
+                        g.as_materialized_series()
+                            .equals_missing(w.as_materialized_series()),
+                        "{what} at {fraction}: column {} differs",
+                        g.name()
+                    );
+                }
+            } else {
+                assert_same(&got, want, &format!("{what} at {fraction}"));
+            }
+            let stats = out.stats();
+            assert!(
+                stats.peak_local_bytes <= stats.budget,
+                "{what} at {fraction}: peak {} over budget {}",
+                stats.peak_local_bytes,
+                stats.budget
+            );
+            assert_eq!(s.spill_bytes_held(), 0, "{what}: spill memory left behind");
+            spills = stats.spill_files;
+        }
+        spills
+    }
+}
+
+fn polars_join(f: &Fixture, how: JoinType) -> LazyFrame {
+    f.fact.clone().lazy().join(
+        f.dim.clone().lazy(),
+        [col("k1")],
+        [col("d1")],
+        JoinArgs::new(how),
+    )
+}
+
+#[test]
+fn joins_of_every_kind_match_polars_and_spill_within_the_budget() {
+    let f = fixture(60_000, 20_000, 5_000, 5_000);
+    let inner = polars_join(&f, JoinType::Inner)
+        .select([col("k1"), col("qty"), col("w")])
+        .collect()
+        .unwrap();
+    let spills = f.check(
+        "inner join",
+        "SELECT f.k1, f.qty, d.w FROM fact f JOIN dim d ON f.k1 = d.d1",
+        &inner,
+        false,
+    );
+    assert!(spills > 0, "the inner join should spill at 5 %");
+    let left = polars_join(&f, JoinType::Left)
+        .select([col("k1"), col("qty"), col("w")])
+        .collect()
+        .unwrap();
+    f.check(
+        "left join",
+        "SELECT f.k1, f.qty, d.w FROM fact f LEFT JOIN dim d ON f.k1 = d.d1",
+        &left,
+        false,
+    );
+    let full = polars_join(&f, JoinType::Full)
+        .select([col("qty"), col("w")])
+        .collect()
+        .unwrap();
+    f.check(
+        "full join",
+        "SELECT f.qty, d.w FROM fact f FULL JOIN dim d ON f.k1 = d.d1",
+        &full,
+        false,
+    );
+    let semi = polars_join(&f, JoinType::Semi)
+        .select([col("k1"), col("qty")])
+        .collect()
+        .unwrap();
+    f.check(
+        "semi join",
+        "SELECT k1, qty FROM fact WHERE k1 IN (SELECT d1 FROM dim)",
+        &semi,
+        false,
+    );
+    let anti = polars_join(&f, JoinType::Anti)
+        .select([col("k1"), col("qty")])
+        .collect()
+        .unwrap();
+    f.check(
+        "anti join",
+        "SELECT k1, qty FROM fact f WHERE NOT EXISTS (SELECT 1 FROM dim d WHERE d.d1 = f.k1)",
+        &anti,
+        false,
+    );
+}
+
+#[test]
+fn skewed_probe_keys_join_correctly() {
+    // Three key values on the probe side, a thousand on the build side.
+    let f = fixture(40_000, 20_000, 3, 1_000);
+    let want = polars_join(&f, JoinType::Inner)
+        .select([col("k1"), col("qty"), col("label")])
+        .collect()
+        .unwrap();
+    f.check(
+        "skewed join",
+        "SELECT f.k1, f.qty, d.label FROM fact f JOIN dim d ON f.k1 = d.d1",
+        &want,
+        false,
+    );
+}
+
+#[test]
+fn group_by_matches_polars() {
+    let f = fixture(60_000, 10, 20_000, 10);
+    let want = f
+        .fact
+        .clone()
+        .lazy()
+        .group_by([col("k1")])
+        .agg([
+            len().cast(DataType::Int64).alias("n"),
+            col("qty").sum().alias("s"),
+            col("price").min().alias("lo"),
+            col("day").max().alias("hi"),
+            col("k2")
+                .drop_nulls()
+                .n_unique()
+                .cast(DataType::Int64)
+                .alias("nd"),
+        ])
+        .collect()
+        .unwrap();
+    // DataFusion's hash aggregate does not get by at 5 % with 20,000 groups (it
+    // fails to reserve the memory to sort its state for spilling): 100 % and 25 %.
+    f.check_at(
+        &[1.0, 0.25],
+        "group-by",
+        "SELECT k1, count(*) AS n, CAST(coalesce(sum(qty), 0) AS BIGINT) AS s, min(price) AS lo, \
+         max(day) AS hi, count(DISTINCT k2) AS nd FROM fact GROUP BY k1",
+        &want,
+        false,
+    );
+}
+
+#[test]
+fn order_by_matches_polars() {
+    let f = fixture(60_000, 10, 1_000, 10);
+    let want = f
+        .fact
+        .clone()
+        .lazy()
+        .select([col("k1"), col("qty"), col("price"), col("name")])
+        .sort(
+            ["price", "qty", "k1", "name"],
+            SortMultipleOptions::default().with_nulls_last(true),
+        )
+        .collect()
+        .unwrap();
+    f.check(
+        "order by",
+        "SELECT k1, qty, price, name FROM fact ORDER BY price, qty, k1, name",
+        &want,
+        true,
+    );
+}
+
+#[test]
+fn window_functions_match_polars() {
+    let f = fixture(60_000, 10, 2_000, 10);
+    let want = f
+        .fact
+        .clone()
+        .lazy()
+        .select([
+            col("k1"),
+            col("qty"),
+            col("qty").sum().over([col("k1")]).unwrap().alias("tot"),
+        ])
+        .collect()
+        .unwrap();
+    // One window over whole partitions: DataFusion's WindowAggExec gathers its input
+    // without reserving it, so a second window sorting its output fails; our own
+    // partitioned window operator is still to come.
+    f.check(
+        "window",
+        "SELECT k1, qty, CAST(coalesce(sum(qty) OVER (PARTITION BY k1), 0) AS BIGINT) AS tot \
+         FROM fact",
+        &want,
+        false,
+    );
+}
+
+#[test]
+fn union_and_distinct_match_polars() {
+    let f = fixture(30_000, 20_000, 50_000, 50_000);
+    let keys = concat(
+        [
+            f.fact.clone().lazy().select([col("k1")]),
+            f.dim.clone().lazy().select([col("d1").alias("k1")]),
+        ],
+        UnionArgs::default(),
+    )
+    .unwrap();
+    let want = keys
+        .clone()
+        .unique(None, UniqueKeepStrategy::Any)
+        .collect()
+        .unwrap();
+    f.check(
+        "union",
+        "SELECT k1 FROM fact UNION SELECT d1 FROM dim",
+        &want,
+        false,
+    );
+    let all = keys.collect().unwrap();
+    f.check(
+        "union all",
+        "SELECT k1 FROM fact UNION ALL SELECT d1 FROM dim",
+        &all,
+        false,
+    );
+}
+
+#[test]
+fn scans_read_only_the_columns_used() {
+    let f = fixture(20_000, 10, 100, 10);
+    let s = f.session(None);
+    let out = s.sql("SELECT sum(qty) AS s FROM fact").unwrap();
+    let table = f.frames[0].1.data_bytes();
+    let read = out.stats().scan_bytes;
+    assert!(read > 0 && read * 4 < table, "read {read} of {table} bytes");
+    let plan = s.explain("SELECT k1, qty FROM fact WHERE qty > 5").unwrap();
+    assert!(
+        plan.contains("RemoteScanExec") && plan.contains("projection=[k1, qty]"),
+        "{plan}"
+    );
+    let analyzed = out.explain_analyze();
+    assert!(analyzed.contains("bytes_read="), "{analyzed}");
+}
+
+#[test]
+fn results_go_back_to_memory_elements() {
+    let f = fixture(5_000, 10, 100, 10);
+    let s = f.session(None);
+    let out = s
+        .sql("SELECT k1, count(*) AS n FROM fact GROUP BY k1")
+        .unwrap();
+    let frame = out.to_remote_frame(&f.env).unwrap();
+    assert_eq!(frame.rows(), out.rows());
+    s.register("counts", &frame).unwrap();
+    let total = s
+        .sql("SELECT sum(n) AS total FROM counts")
+        .unwrap()
+        .to_polars()
+        .unwrap();
+    assert_eq!(
+        total.column("total").unwrap().i64().unwrap().get(0),
+        Some(5_000)
+    );
+}
+
+#[test]
+fn bad_queries_get_clear_errors() {
+    let f = fixture(1_000, 10, 100, 10);
+    let s = f.session(None);
+    let msg = |sql: &str| s.sql(sql).unwrap_err().to_string();
+    let e = msg("SELECT * FROM no_such_table");
+    assert!(e.contains("no_such_table"), "{e}");
+    let e = msg("SELECT no_such_column FROM fact");
+    assert!(e.contains("no_such_column"), "{e}");
+    let e = msg("SELECT k1 + name FROM fact");
+    assert!(e.to_lowercase().contains("utf8") || e.contains("+"), "{e}");
+    let e = msg("SELEC 1");
+    assert!(e.contains("SELEC"), "{e}");
+    let e = msg("CREATE TABLE t AS SELECT 1");
+    assert!(e.to_lowercase().contains("ddl"), "{e}");
+    let e = msg("INSERT INTO fact SELECT * FROM fact");
+    assert!(
+        e.to_lowercase().contains("dml") || e.contains("INSERT"),
+        "{e}"
+    );
+    assert!(matches!(
+        s.register("", &f.frames[0].1),
+        Err(Error::InvalidArgument(_))
+    ));
+    // The session still works after errors.
+    assert_eq!(s.sql("SELECT count(*) FROM fact").unwrap().rows(), 1);
+}
+
+#[test]
+fn a_failing_query_leaves_no_remote_memory_allocated() {
+    // Every row shares one key: the build side cannot be split, and the budget is
+    // far below it, so the join fails after spilling.
+    let f = fixture(20_000, 20_000, 1, 1);
+    let free_before: u64 = f
+        .env
+        .store()
+        .allocation_state()
+        .allocators
+        .iter()
+        .map(|a| a.available())
+        .sum();
+    let s = f.session(Some(0.02));
+    let err = s
+        .sql("SELECT f.qty, d.w FROM fact f JOIN dim d ON f.k1 = d.d1")
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::OutOfBudget { detail, .. } if detail.contains("HashJoin")),
+        "{err}"
+    );
+    assert_eq!(s.spill_bytes_held(), 0);
+    let free_after: u64 = f
+        .env
+        .store()
+        .allocation_state()
+        .allocators
+        .iter()
+        .map(|a| a.available())
+        .sum();
+    assert_eq!(free_after, free_before, "remote memory leaked");
+}
