@@ -106,9 +106,10 @@ fn all_99_queries_equal_duckdb() {
 
 #[test]
 fn all_99_queries_equal_duckdb_within_a_spilling_budget() {
-    // 25 % of the largest table, as the benchmark runs; hash joins, sorts and
-    // aggregates that outgrow it spill to the memory elements.
-    let spilled = run_all(Some(0.25));
+    // 10 % of the largest table (the benchmark runs at 25 %, where only three
+    // queries need to spill): hash joins, sorts and aggregates that outgrow it
+    // spill to the memory elements.
+    let spilled = run_all(Some(0.10));
     eprintln!("{} queries spilled: {spilled:?}", spilled.len());
     assert!(spilled.len() >= 4, "too few queries spilled: {spilled:?}");
 }

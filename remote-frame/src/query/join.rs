@@ -21,7 +21,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result as DfResult};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SpillFile, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::PhysicalExpr;
@@ -219,15 +219,19 @@ impl JoinRun {
         ))
         .with_can_spill(true)
         .register(self.context.memory_pool());
+        let build_cap = match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes / 2,
+            _ => usize::MAX,
+        };
         let mut build = Vec::new();
         let mut overflow = None;
         while let Some(batch) = left.next().await {
             let batch = batch?;
-            // The join's hash table costs about as much again as the rows.
-            if reservation
-                .try_grow(2 * batch.get_array_memory_size())
-                .is_ok()
-            {
+            // The join's hash table costs about as much again as the rows. A build
+            // side may take at most half the budget, so that the operators feeding
+            // it (often other joins) keep room while it is read.
+            let need = 2 * batch.get_array_memory_size();
+            if reservation.size() + need <= build_cap && reservation.try_grow(need).is_ok() {
                 build.push(batch);
             } else {
                 overflow = Some(batch);
