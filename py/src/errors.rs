@@ -10,6 +10,8 @@ use pyo3::exceptions::{
     PyTimeoutError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyDict, PyTuple, PyType};
 
 create_exception!(
     _native,
@@ -30,6 +32,50 @@ create_exception!(
     ScadError,
     "A remote-frame kernel cannot fit its work into the local memory budget (or a skewed key cannot be split)."
 );
+
+create_exception!(
+    _native,
+    QueryError,
+    ScadError,
+    "A SQL query failed to plan or run: a syntax or type error, an unknown table or column, \
+     a statement other than a query (DDL, DML), a failing operator."
+);
+
+/// `UnknownNameError(QueryError, KeyError)`, made once per interpreter: pyo3's
+/// `create_exception!` takes one base class, and this one has two.
+static UNKNOWN_NAME_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+
+/// The class of query errors that name an unknown table or column: a `QueryError`
+/// that is also a `KeyError` (whose message prints without `KeyError`'s quotes).
+///
+/// # Errors
+/// Python errors creating the class.
+pub fn unknown_name_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    UNKNOWN_NAME_ERROR
+        .get_or_try_init(py, || {
+            let bases = PyTuple::new(
+                py,
+                [
+                    py.get_type::<QueryError>(),
+                    py.get_type::<pyo3::exceptions::PyKeyError>(),
+                ],
+            )?;
+            let dict = PyDict::new(py);
+            dict.set_item("__module__", "scad._native")?;
+            dict.set_item(
+                "__doc__",
+                "A query names a table or column that does not exist (a QueryError and a KeyError).",
+            )?;
+            let base_exception = py.get_type::<pyo3::exceptions::PyBaseException>();
+            dict.set_item("__str__", base_exception.getattr("__str__")?)?;
+            let class = py
+                .get_type::<PyType>()
+                .call1(("UnknownNameError", bases, dict))?
+                .downcast_into::<PyType>()?;
+            Ok(class.unbind())
+        })
+        .map(|class| class.bind(py))
+}
 
 /// The Python exception for a scad-core error.
 pub fn core_err(e: scad_core::Error) -> PyErr {

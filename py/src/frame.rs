@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use arrow_schema::{ArrowError, DataType as ArrowType, Field, Schema as ArrowSchema, SchemaRef};
 use polars::prelude::{PolarsError, SortMultipleOptions};
-use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use scad_remote_frame::{
@@ -18,7 +18,9 @@ use scad_remote_frame::{
 };
 
 use crate::arrow_ffi::{export_stream, import_stream};
-use crate::errors::{array_err, detach, BudgetExceededError, ScadError};
+use crate::errors::{
+    array_err, detach, unknown_name_error, BudgetExceededError, QueryError, ScadError,
+};
 use crate::expr::{self, ExprError};
 use crate::pool::PyStore;
 
@@ -26,6 +28,11 @@ use crate::pool::PyStore;
 const STREAM_BATCH_CAP: u64 = 64 << 20;
 
 /// The Python exception for a scad-remote-frame error.
+///
+/// Query errors: `OutOfBudget` is a `BudgetExceededError` like the kernels' budget
+/// errors, `Unsupported` a `NotImplementedError`, and `Query` a `QueryError`, or an
+/// `UnknownNameError` (a `QueryError` and a `KeyError`) when DataFusion's message says
+/// a table or column does not exist.
 pub fn frame_err(e: FrameError) -> PyErr {
     let msg = e.to_string();
     match e {
@@ -42,8 +49,28 @@ pub fn frame_err(e: FrameError) -> PyErr {
         }
         FrameError::Polars(p) => polars_err(*p),
         FrameError::Arrow(_) => PyValueError::new_err(msg),
+        FrameError::Query(_) => query_err(msg),
+        FrameError::Unsupported(_) => PyNotImplementedError::new_err(msg),
+        FrameError::OutOfBudget { .. } => BudgetExceededError::new_err(msg),
         _ => ScadError::new_err(msg),
     }
+}
+
+/// Whether a query error's message (DataFusion's planner and schema errors) says that
+/// a table or column does not exist.
+fn names_unknown(msg: &str) -> bool {
+    msg.contains("No field named")
+        || ((msg.contains("table '") || msg.contains("column '")) && msg.contains("' not found"))
+}
+
+fn query_err(msg: String) -> PyErr {
+    if !names_unknown(&msg) {
+        return QueryError::new_err(msg);
+    }
+    Python::with_gil(|py| match unknown_name_error(py) {
+        Ok(class) => PyErr::from_type(class.clone(), msg),
+        Err(_) => QueryError::new_err(msg),
+    })
 }
 
 fn polars_err(e: PolarsError) -> PyErr {
@@ -71,7 +98,7 @@ fn arrow_err(e: ArrowError) -> PyErr {
 /// Where frames live, the local memory budget of kernels, and their counters.
 #[pyclass(module = "scad._native", name = "FrameEnv", frozen)]
 pub struct PyFrameEnv {
-    inner: FrameEnv,
+    pub(crate) inner: FrameEnv,
 }
 
 #[pymethods]
@@ -258,11 +285,11 @@ fn join_type(how: &str) -> PyResult<JoinType> {
 /// A table in memory elements (see `scad.RemoteFrame`).
 #[pyclass(module = "scad._native", name = "Frame", frozen)]
 pub struct PyFrame {
-    inner: RemoteFrame,
+    pub(crate) inner: RemoteFrame,
 }
 
 impl PyFrame {
-    fn wrap(inner: RemoteFrame) -> Self {
+    pub(crate) fn wrap(inner: RemoteFrame) -> Self {
         PyFrame { inner }
     }
 

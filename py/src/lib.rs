@@ -9,6 +9,8 @@
 //! - [`frame`]: `FrameEnv` and `Frame` (scad-remote-frame) behind `scad.RemoteFrame`,
 //!   with data in and out through the Arrow PyCapsule interface ([`arrow_ffi`]) and
 //!   expressions as JSON trees ([`expr`]).
+//! - [`query`]: `QuerySession` and `QueryResult`, SQL over frames (the query engine of
+//!   scad-remote-frame) behind `scad.sql`.
 //!
 //! Every transport operation and kernel runs with the GIL released; Rust errors become
 //! Python exceptions ([`errors`]), and panics are caught at the boundary.
@@ -24,6 +26,7 @@ pub mod expr;
 pub mod frame;
 pub mod join;
 pub mod pool;
+pub mod query;
 pub mod server;
 
 /// The `scad._native` extension module.
@@ -36,8 +39,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "BudgetExceededError",
         py.get_type::<errors::BudgetExceededError>(),
     )?;
+    m.add("QueryError", py.get_type::<errors::QueryError>())?;
+    m.add("UnknownNameError", errors::unknown_name_error(py)?)?;
     m.add_class::<frame::PyFrameEnv>()?;
     m.add_class::<frame::PyFrame>()?;
+    m.add_class::<query::PyQuerySession>()?;
+    m.add_class::<query::PyQueryResult>()?;
     m.add_class::<action::PyAction>()?;
     m.add_class::<action::PyEndpoint>()?;
     m.add_class::<buffer::RegisteredBytes>()?;

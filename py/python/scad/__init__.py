@@ -10,12 +10,18 @@
   Polars/PyArrow through the Arrow PyCapsule interface, with memory-budgeted kernels
   (filter, select, join, group_by, sort, unique, limit); expressions from
   :mod:`scad.frame` (``col``, ``lit``, ``when``).
+- :func:`sql`, :func:`explain` and :class:`QuerySession`: SQL over RemoteFrames within
+  the env's memory budget, spilling to memory elements; answers as :class:`QueryResult`
+  (to Polars/PyArrow without copying, or back to a RemoteFrame) (:mod:`scad.query`).
 """
 
-from ._native import BudgetExceededError, MemoryServer, ScadError, TerminatedError, parse_size
+from ._native import (BudgetExceededError, MemoryServer, QueryError, ScadError, TerminatedError,
+                      UnknownNameError, parse_size)
 from .array import RemoteArray, Store
 from .frame import FrameEnv, RemoteFrame, col, lit, when
+from .query import QueryResult, QuerySession, explain, sql
 
 __all__ = ["RemoteArray", "Store", "MemoryServer", "ScadError", "TerminatedError", "BudgetExceededError",
-           "parse_size", "FrameEnv", "RemoteFrame", "col", "lit", "when"]
+           "QueryError", "UnknownNameError", "parse_size", "FrameEnv", "RemoteFrame", "col", "lit", "when",
+           "QuerySession", "QueryResult", "sql", "explain"]
 __version__ = "0.1.0"

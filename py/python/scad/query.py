@@ -1,0 +1,186 @@
+"""SQL over :class:`~scad.RemoteFrame` tables: :func:`sql`, :func:`explain` and
+:class:`QuerySession` (the query engine of the ``scad-remote-frame`` crate, on
+DataFusion).
+
+Tables are read column by column straight from the memory elements; the query's
+operators keep to the env's local memory ``budget`` and spill to its memory elements
+when they would exceed it::
+
+    import scad
+
+    env = scad.FrameEnv(store, budget=64 << 20)
+    sales = scad.RemoteFrame.from_arrow(env, store_sales)
+    items = scad.RemoteFrame.from_arrow(env, item)
+    result = scad.sql(
+        "SELECT i_category, sum(ss_net_paid) AS paid FROM store_sales "
+        "JOIN item ON ss_item_sk = i_item_sk GROUP BY i_category ORDER BY paid DESC",
+        store_sales=sales, item=items)
+    result.to_polars()          # or .to_arrow(), pa.table(result), pl.DataFrame(result)
+    result.stats                # elapsed_s, peak_local_bytes, spill_files, bytes_moved, ...
+    print(result.explain_analyze())
+
+    session = scad.QuerySession(env, store_sales=sales)   # several queries, same tables
+    session.register("item", items)
+    print(session.explain("SELECT count(*) FROM item"))
+
+Errors: :class:`scad.QueryError` (a :class:`scad.ScadError`) for syntax and type errors and
+for statements other than queries (DDL, DML);
+:class:`scad.UnknownNameError` (a ``QueryError`` and a ``KeyError``) for an unknown table
+or column; ``NotImplementedError`` for SQL the engine cannot run;
+:class:`scad.BudgetExceededError` when an operator that cannot spill needs more than the
+budget. Planning and running release the GIL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from . import _native
+from .frame import FrameEnv, RemoteFrame
+
+__all__ = ["QuerySession", "QueryResult", "sql", "explain"]
+
+
+class QueryResult:
+    """The answer of a query, as Arrow record batches in local memory, with how it was
+    computed. An Arrow stream source: ``pa.table(result)`` and ``pl.DataFrame(result)``
+    share its buffers."""
+
+    def __init__(self, session: "QuerySession", raw: "_native.QueryResult"):
+        self.session = session
+        self._raw = raw
+
+    @property
+    def rows(self) -> int:
+        return self._raw.rows
+
+    def __len__(self) -> int:
+        return self._raw.rows
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the query orders its answer (a top-level ``ORDER BY``); otherwise the
+        rows come in no particular order."""
+        return self._raw.ordered
+
+    @property
+    def columns(self) -> List[str]:
+        return list(self._raw.columns)
+
+    @property
+    def schema(self) -> Dict[str, str]:
+        """Column name -> Arrow type as arrow-rs prints it (``Int64``, ``Utf8View``, ...)."""
+        return dict(self._raw.schema())
+
+    @property
+    def stats(self) -> Dict[str, Any]:
+        """elapsed_s, rows, peak_local_bytes, budget (None: unlimited), scan_bytes,
+        spill_files, spill_bytes_written, spill_bytes_read, bytes_moved."""
+        return dict(self._raw.stats)
+
+    def explain_analyze(self) -> str:
+        """The physical plan with each operator's metrics from this run (rows, time,
+        bytes read, spills, memory) and the run's totals."""
+        return self._raw.explain_analyze()
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """Arrow PyCapsule interface: the answer's batches, not copied
+        (``requested_schema`` is not honoured; consumers check the schema)."""
+        return self._raw.__arrow_c_stream__(requested_schema)
+
+    def to_arrow(self) -> Any:
+        """The answer as a PyArrow Table (zero-copy; strings may be ``string_view``)."""
+        import pyarrow as pa
+
+        return pa.table(self)
+
+    def to_polars(self) -> Any:
+        """The answer as a Polars DataFrame (zero-copy where Polars' types allow)."""
+        import polars as pl
+
+        return pl.DataFrame(self)
+
+    def to_pandas(self) -> Any:
+        return self.to_arrow().to_pandas()
+
+    def to_remote_frame(self, env: Optional[FrameEnv] = None) -> RemoteFrame:
+        """Writes the answer to memory elements as a new :class:`~scad.RemoteFrame`
+        (under ``env``, the session's if None), e.g. to register it as a table."""
+        env = env if env is not None else self.session.env
+        return RemoteFrame(env, self._raw.to_frame(env._env))
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {v}" for k, v in self.schema.items())
+        return f"QueryResult({self.rows} rows; {cols})"
+
+
+class QuerySession:
+    """Tables (:class:`~scad.RemoteFrame` objects registered by name) and the env whose
+    budget the queries share and whose memory elements they spill to. Queries of one
+    session run one at a time."""
+
+    def __init__(self, env: FrameEnv, **tables: RemoteFrame):
+        if not isinstance(env, FrameEnv):
+            raise TypeError(f"QuerySession takes a scad.FrameEnv, got {type(env).__name__}")
+        self.env = env
+        self._raw = _native.QuerySession(env._env)
+        for name, frame in tables.items():
+            self.register(name, frame)
+
+    def register(self, name: str, frame: RemoteFrame) -> "QuerySession":
+        """Makes ``frame`` queryable as table ``name`` (replacing a table of that name)."""
+        if not isinstance(name, str):
+            raise TypeError(f"table names are strings, got {type(name).__name__}")
+        if not isinstance(frame, RemoteFrame):
+            raise TypeError(f"table {name!r}: expected a scad.RemoteFrame, got {type(frame).__name__}"
+                            " (write it first: scad.RemoteFrame.from_arrow(env, data))")
+        self._raw.register(name, frame._raw)
+        return self
+
+    @property
+    def tables(self) -> List[str]:
+        """Names of the registered tables, sorted."""
+        return list(self._raw.tables())
+
+    @property
+    def spill_bytes_held(self) -> int:
+        """Remote memory spill files hold now (0 between queries)."""
+        return self._raw.spill_bytes_held
+
+    def sql(self, query: str) -> QueryResult:
+        """Runs one read-only SQL statement (a query)."""
+        return QueryResult(self, self._raw.sql(_text(query)))
+
+    def explain(self, query: str) -> str:
+        """The physical plan of ``query`` (EXPLAIN), without running it."""
+        return self._raw.explain(_text(query))
+
+    def __repr__(self) -> str:
+        return f"QuerySession(budget={self.env.budget}, tables={self.tables})"
+
+
+def _text(query: Any) -> str:
+    if not isinstance(query, str):
+        raise TypeError(f"a query is a string, got {type(query).__name__}")
+    return query
+
+
+def _session(env: Optional[FrameEnv], tables: Dict[str, RemoteFrame]) -> QuerySession:
+    if env is None:
+        frames = [f for f in tables.values() if isinstance(f, RemoteFrame)]
+        if not frames:
+            raise ValueError("give env=, or at least one table (name=RemoteFrame) to take the env from")
+        env = frames[0].env
+    return QuerySession(env, **tables)
+
+
+def sql(query: str, /, env: Optional[FrameEnv] = None, **tables: RemoteFrame) -> QueryResult:
+    """Runs ``query`` over the ``tables`` (keyword name -> :class:`~scad.RemoteFrame`) in a
+    new session under ``env`` (the first table's env if None: its budget applies). For a
+    table called ``env``, or to run several queries, use :class:`QuerySession`."""
+    return _session(env, tables).sql(query)
+
+
+def explain(query: str, /, env: Optional[FrameEnv] = None, **tables: RemoteFrame) -> str:
+    """The physical plan of ``query`` over ``tables``, without running it."""
+    return _session(env, tables).explain(query)

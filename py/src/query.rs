@@ -1,0 +1,196 @@
+//! `QuerySession` and `QueryResult`: SQL over frames (the query engine of
+//! scad-remote-frame) for Python; `scad.QuerySession`, `scad.sql` and `scad.explain`
+//! wrap them.
+//!
+//! Registering, planning and running release the GIL. An answer stays in local memory
+//! as Arrow record batches; `__arrow_c_stream__` hands them to PyArrow or Polars
+//! without copying, `to_frame` writes them to memory elements. Errors: see
+//! [`crate::frame::frame_err`].
+
+use arrow_array::RecordBatchIterator;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict};
+use scad_remote_frame::{QueryOutput, QuerySession};
+
+use crate::arrow_ffi::export_stream;
+use crate::errors::detach;
+use crate::frame::{frame_err, PyFrame, PyFrameEnv};
+
+/// Tables (frames registered by name) and one local memory budget (the env's) that
+/// the session's queries share; they spill to the env's memory elements.
+#[pyclass(module = "scad._native", name = "QuerySession", frozen)]
+pub struct PyQuerySession {
+    inner: QuerySession,
+}
+
+#[pymethods]
+impl PyQuerySession {
+    /// A session whose queries stay within `env`'s budget and spill to its memory
+    /// elements.
+    #[new]
+    fn new(py: Python<'_>, env: &PyFrameEnv) -> PyResult<Self> {
+        let env = env.inner.clone();
+        detach(py, move || {
+            QuerySession::new(&env)
+                .map(|inner| PyQuerySession { inner })
+                .map_err(frame_err)
+        })
+    }
+
+    /// Makes `frame` queryable as table `name` (replacing a table of that name).
+    fn register(&self, py: Python<'_>, name: &str, frame: &PyFrame) -> PyResult<()> {
+        let frame = frame.inner.clone();
+        detach(py, || self.inner.register(name, &frame).map_err(frame_err))
+    }
+
+    /// Names of the registered tables, sorted.
+    fn tables(&self) -> Vec<String> {
+        self.inner.table_names()
+    }
+
+    /// Runs one read-only SQL statement (a query) and keeps its answer in local memory.
+    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PyQueryResult> {
+        detach(py, || {
+            self.inner
+                .sql(query)
+                .map(|output| PyQueryResult {
+                    output,
+                    env: self.inner.env().clone(),
+                })
+                .map_err(frame_err)
+        })
+    }
+
+    /// The physical plan of `query` as text (EXPLAIN), without running it.
+    fn explain(&self, py: Python<'_>, query: &str) -> PyResult<String> {
+        detach(py, || self.inner.explain(query).map_err(frame_err))
+    }
+
+    /// Bytes of remote memory spill files hold now (0 between queries).
+    #[getter]
+    fn spill_bytes_held(&self) -> u64 {
+        self.inner.spill_bytes_held()
+    }
+
+    /// The session's local memory budget in bytes (None: unlimited).
+    #[getter]
+    fn budget(&self) -> Option<u64> {
+        Some(self.inner.env().budget()).filter(|b| *b != u64::MAX)
+    }
+}
+
+/// The answer of a query (Arrow record batches in local memory) and how it was
+/// computed.
+#[pyclass(module = "scad._native", name = "QueryResult", frozen)]
+pub struct PyQueryResult {
+    output: QueryOutput,
+    /// The session's env: where `to_frame` writes by default.
+    env: scad_remote_frame::FrameEnv,
+}
+
+#[pymethods]
+impl PyQueryResult {
+    /// Rows of the answer.
+    #[getter]
+    fn rows(&self) -> usize {
+        self.output.rows()
+    }
+
+    fn __len__(&self) -> usize {
+        self.output.rows()
+    }
+
+    /// Whether the query orders its answer (a top-level ORDER BY); otherwise rows come
+    /// in no particular order.
+    #[getter]
+    fn ordered(&self) -> bool {
+        self.output.ordered()
+    }
+
+    /// Column names in order.
+    #[getter]
+    fn columns(&self) -> Vec<String> {
+        self.output
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    }
+
+    /// (name, Arrow type) pairs, types as arrow-rs prints them (`Int64`, `Utf8View`,
+    /// `Decimal128(17, 2)`, ...).
+    fn schema(&self) -> Vec<(String, String)> {
+        self.output
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().to_string()))
+            .collect()
+    }
+
+    /// What the query did: elapsed_s, rows, peak_local_bytes, budget (None:
+    /// unlimited), scan_bytes, spill_files, spill_bytes_written, spill_bytes_read,
+    /// bytes_moved (scanned + spilled + read back).
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.output.stats();
+        let d = PyDict::new(py);
+        d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
+        d.set_item("rows", s.rows)?;
+        d.set_item("peak_local_bytes", s.peak_local_bytes)?;
+        d.set_item("budget", Some(s.budget).filter(|b| *b != u64::MAX))?;
+        d.set_item("scan_bytes", s.scan_bytes)?;
+        d.set_item("spill_files", s.spill_files)?;
+        d.set_item("spill_bytes_written", s.spill_bytes_written)?;
+        d.set_item("spill_bytes_read", s.spill_bytes_read)?;
+        d.set_item("bytes_moved", s.bytes_moved())?;
+        Ok(d)
+    }
+
+    /// The physical plan with each operator's metrics from this run (EXPLAIN ANALYZE).
+    fn explain_analyze(&self) -> String {
+        self.output.explain_analyze()
+    }
+
+    /// Arrow PyCapsule interface: the answer's batches as an Arrow C stream, without
+    /// copying (the consumer shares the buffers). `requested_schema` is not honoured;
+    /// consumers check the schema. Each call makes a new stream.
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        let batches = self.output.batches().to_vec();
+        let reader =
+            RecordBatchIterator::new(batches.into_iter().map(Ok), self.output.schema().clone());
+        export_stream(py, Box::new(reader))
+    }
+
+    /// Writes the answer to memory elements as a new frame, under `env` (the session's
+    /// if None).
+    #[pyo3(signature = (env=None))]
+    fn to_frame(&self, py: Python<'_>, env: Option<&PyFrameEnv>) -> PyResult<PyFrame> {
+        let env = env.map_or_else(|| self.env.clone(), |e| e.inner.clone());
+        detach(py, || {
+            self.output
+                .to_remote_frame(&env)
+                .map(PyFrame::wrap)
+                .map_err(frame_err)
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "QueryResult({} rows; {})",
+            self.output.rows(),
+            self.schema()
+                .iter()
+                .map(|(n, t)| format!("{n}: {t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
