@@ -26,10 +26,15 @@ def memory_server_main(argv: Optional[List[str]] = None) -> int:
 def _rundisagg_parser(prog: str = "rundisagg") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Run one compute element against running memory servers.")
     p.add_argument("objectfile", help="the compute element (<name>.o.py)")
-    p.add_argument("-m", "--memory", action="append", default=[], metavar="[N@]NAME:PORT[:IMPL[:ARGS]]",
-                   help="a memory element to connect (repeatable); N@NAME:PORT gives NAME@0..N-1 on consecutive ports")
-    p.add_argument("-d", "--dir", default="/tmp", help="where parents' outputs are and the result goes (default /tmp)")
-    p.add_argument("-p", "--print", action="store_true", help="print the result as JSON")
+    # nargs="+" as in the original (`-m a:1 b:2 c:3`, run_tpcds.sh), and "extend" so
+    # that -m may also be repeated (`-m a:1 -m b:2`).
+    p.add_argument("-m", "--memory", action="extend", nargs="+", default=[], metavar="[N@]NAME:PORT[:IMPL[:ARGS]]",
+                   help="memory elements to connect: one or more after each -m, and -m may be repeated; "
+                        "N@NAME:PORT gives NAME@0..N-1 on consecutive ports")
+    p.add_argument("-d", "--dir", "--output_dir", dest="dir", default="/tmp",
+                   help="where parents' outputs are and the result goes (default /tmp)")
+    p.add_argument("-p", "--print", "--print_output", dest="print", action="store_true",
+                   help="print the result as JSON")
     p.add_argument("-i", "--index", type=int, default=None, help="instance index (sets env __OW_PAR)")
     p.add_argument("--host", default="127.0.0.1", help="host of the memory servers (default 127.0.0.1)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an unconfigured transport")
