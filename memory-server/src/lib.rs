@@ -48,7 +48,12 @@ pub struct Args {
     /// Serve clients on other hosts without a token: anyone who can reach the port may
     /// read and write all of this server's memory (also SCAD_UNPROTECTED=1). Without it
     /// and without a token, clients not on this host are refused (protected mode).
-    #[arg(long, env = "SCAD_UNPROTECTED")]
+    #[arg(
+        long,
+        env = "SCAD_UNPROTECTED",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub unprotected: bool,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024)]
