@@ -22,6 +22,15 @@ use std::sync::{Condvar, Mutex, PoisonError, RwLock};
 use crate::error::{Error, Result};
 use anon::AnonMap;
 
+/// Backs the memory of `buf` with pages now, as if it were written, without changing
+/// a byte: a large fresh destination (a new NumPy array, a new `Vec`) is then filled
+/// without a page fault per 4 KiB inside the copy or socket receive that fills it,
+/// which is cheaper. Only worth it just before `buf` is overwritten whole. Best effort
+/// (Linux 5.14 or later; does nothing elsewhere).
+pub fn populate_for_write(buf: &mut [u8]) {
+    anon::populate_for_write(buf);
+}
+
 /// Stripe size of a [`MemoryRegion`]: the unit of locking between concurrent clients.
 pub const STRIPE: usize = 256 * 1024;
 

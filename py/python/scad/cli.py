@@ -25,7 +25,7 @@ def memory_server_main(argv: Optional[List[str]] = None) -> int:
 
 def _rundisagg_parser(prog: str = "rundisagg") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Run one compute element against running memory servers.")
-    p.add_argument("objectfile", help="the compute element (<name>.o.py)")
+    p.add_argument("objectfile", nargs="?", help="the compute element (<name>.o.py)")
     # nargs="+" as in the original (`-m a:1 b:2 c:3`, run_tpcds.sh), and "extend" so
     # that -m may also be repeated (`-m a:1 -m b:2`).
     p.add_argument("-m", "--memory", action="extend", nargs="+", default=[], metavar="[N@]NAME:PORT[:IMPL[:ARGS]]",
@@ -45,7 +45,16 @@ def rundisagg_main(argv: Optional[List[str]] = None) -> int:
     from .dag import ElementError
     from .runner import parse_memory_spec, run_element
 
-    args = _rundisagg_parser().parse_args(argv)
+    parser = _rundisagg_parser()
+    args = parser.parse_args(argv)
+    if args.objectfile is None:
+        # `-m` takes every value after it, so `rundisagg -m a:1 b:2 prog.o.py` leaves the
+        # element file among the memories: take it back from there.
+        files = [m for m in args.memory if m.endswith(".py") or ":" not in m]
+        if not files:
+            parser.error("the following arguments are required: objectfile")
+        args.objectfile = files[-1]
+        args.memory.remove(files[-1])
     try:
         memories = [m for spec in args.memory for m in parse_memory_spec(spec, args.host)]
         result = run_element(args.objectfile, memories, args.dir, args.index, timeout=args.timeout)
