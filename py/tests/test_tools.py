@@ -396,3 +396,15 @@ def test_memory_server_script_and_embedded_server_commit_memory_only_when_writte
         assert _rss(os.getpid()) - before < 64 << 20
     finally:
         big.shutdown()
+
+
+def test_scad_run_gives_its_servers_a_token_off_loopback():
+    """Protected mode serves loopback clients only: `scad run --host ADDR` on another
+    address starts its memory servers with a token of the run's own (passed to the
+    elements in their -m specs)."""
+    from scad.runner import _is_loopback
+    assert _is_loopback("127.0.0.1") and _is_loopback("127.1.2.3") and _is_loopback("localhost")
+    assert _is_loopback("::1")
+    assert not _is_loopback("10.213.77.1") and not _is_loopback("0.0.0.0") and not _is_loopback("myhost")
+    specs = parse_memory_spec("mem:2333:tcp:token,abc", "10.213.77.1")
+    assert specs == [("mem", "mem;rdma_tcp;url,tcp://10.213.77.1:2333;token,abc;")]

@@ -68,7 +68,8 @@ impl Default for RdmaServerConfig {
 pub struct RdmaServerStats {
     /// Clients connected (queue pairs made).
     pub connections: u64,
-    /// Clients refused (bad token, limit, failed set-up, malformed exchange).
+    /// Clients refused (bad token, protected mode, limit, failed set-up, malformed
+    /// exchange).
     pub refused: u64,
 }
 
@@ -249,7 +250,9 @@ impl RdmaServer {
     pub fn stats(&self) -> RdmaServerStats {
         RdmaServerStats {
             connections: self.shared.connections.load(Ordering::Relaxed),
-            refused: self.shared.refused.load(Ordering::Relaxed) + self.shared.hub.refused(),
+            refused: self.shared.refused.load(Ordering::Relaxed)
+                + self.shared.hub.refused()
+                + self.shared.hub.refused_protected(),
         }
     }
 
