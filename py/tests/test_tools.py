@@ -302,7 +302,10 @@ class _ServerProcess:
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
-        assert self.p.wait(20) == 0
+        try:
+            assert self.p.wait(20) == 0
+        finally:
+            self.p.stdout.close()
 
 
 def test_rundisagg_takes_several_memories_after_one_m_and_repeated_m(tmp_path):
