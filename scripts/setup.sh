@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing Scad needs on a fresh Debian machine:
 # the RDMA and clang development packages (for the `rdma` feature) and redis-server
-# (a baseline and a backend), and the Python virtual environment `.venv` with the
+# (a baseline and a backend), iproute2 (`ip`: the protected-mode test makes a network
+# namespace), and the Python virtual environment `.venv` with the
 # packages of the Python tools. Safe to run again: it installs only what is missing.
 set -euo pipefail
 
-packages=(pkg-config libibverbs-dev librdmacm-dev libclang-dev redis-server fonts-dejavu-core)
+packages=(pkg-config libibverbs-dev librdmacm-dev libclang-dev redis-server fonts-dejavu-core iproute2)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -19,7 +19,7 @@
 //!     mem.buffer()?.write_at(0, b"hello")?;
 //!     mem.write(5, 100, 0)                             // waits for the config below
 //! });
-//! action.config_transport("mem", "mem;rdma_local;size,4096;")?;
+//! action.config_transport("mem", "size,4096;")?;     // bare pairs, or a full durl
 //! waiter.join().unwrap()?;
 //! # Ok::<(), scad_core::Error>(())
 //! ```
@@ -226,14 +226,17 @@ impl Action {
         Ok(st)
     }
 
-    /// Completes transport `name` with the keys of `durl` and wakes threads waiting
-    /// on it once it is ready.
+    /// Completes transport `name` and wakes threads waiting on it once it is ready.
+    ///
+    /// `durl` is what the original runtime passes: bare `KEY,VALUE;` pairs with no
+    /// name and no implementation (`"url,tcp://localhost:2333;"`, `"size,65536;"`), or
+    /// a full durl for this transport (see [`Durl::configure`]).
     ///
     /// # Errors
-    /// [`Error::UnknownTransport`], [`Error::Durl`], [`Error::InvalidArgument`] if
-    /// the durl is for another transport or kind, and errors opening the transport.
+    /// [`Error::UnknownTransport`], [`Error::Durl`] quoting a malformed part,
+    /// [`Error::InvalidArgument`] if a full durl is for another transport or kind, and
+    /// errors opening the transport.
     pub fn config_transport(&self, name: &str, durl: &str) -> Result<TransportState> {
-        let later: Durl = durl.parse()?;
         let slot = self.slot(name)?;
         {
             let mut s = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -243,7 +246,7 @@ impl Action {
                 });
             }
             let mut merged = s.durl.clone();
-            merged.merge(&later)?;
+            merged.configure(durl)?;
             if s.opened.is_some() && merged != s.durl {
                 return Err(Error::InvalidArgument(format!(
                     "transport {name:?} is already configured; release it before reconfiguring"

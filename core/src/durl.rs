@@ -278,6 +278,20 @@ impl Params {
         Ok(())
     }
 
+    /// Takes every key `later` sets (later values win).
+    fn merge(&mut self, later: Params) {
+        let me = self;
+        me.size = later.size.or(me.size);
+        me.shm_id = later.shm_id.or(me.shm_id.take());
+        me.url = later.url.or(me.url.take());
+        me.token = later.token.or(me.token.take());
+        me.timeout = later.timeout.or(me.timeout);
+        me.device = later.device.or(me.device.take());
+        me.port = later.port.or(me.port);
+        me.gid_index = later.gid_index.or(me.gid_index);
+        me.prefix = later.prefix.or(me.prefix.take());
+    }
+
     /// Keys in canonical order: url, size, shm_id, prefix, token, timeout_ms, device, port,
     /// gid_index.
     fn entries(&self) -> Vec<(&'static str, String)> {
@@ -374,34 +388,45 @@ impl FromStr for Durl {
                     ),
                 )
             })?;
-        let mut params = Params::default();
-        for field in fields {
-            let Some((key, value)) = field.split_once(',') else {
-                return Err(Error::durl(s, field, "expected KEY,VALUE"));
-            };
-            if !kind.allowed_keys().contains(&key) {
-                return Err(Error::durl(
-                    s,
-                    field,
-                    format!(
-                        "unknown key {key:?} for {kind}; expected one of {}",
-                        kind.allowed_keys().join(", ")
-                    ),
-                ));
-            }
-            if params.has(key) {
-                return Err(Error::durl(s, field, format!("duplicate key {key:?}")));
-            }
-            params
-                .set(key, value)
-                .map_err(|reason| Error::durl(s, field, reason))?;
-        }
+        let params = parse_pairs(s, kind, fields)?;
         Ok(Durl {
             name: name.to_owned(),
             kind,
             params,
         })
     }
+}
+
+/// Parses `KEY,VALUE` fields (already split at `;`) for a transport of `kind`; errors
+/// quote `text` (the whole string) and the bad field.
+fn parse_pairs<'a>(
+    text: &str,
+    kind: TransportKind,
+    fields: impl Iterator<Item = &'a str>,
+) -> Result<Params> {
+    let mut params = Params::default();
+    for field in fields {
+        let Some((key, value)) = field.split_once(',') else {
+            return Err(Error::durl(text, field, "expected KEY,VALUE"));
+        };
+        if !kind.allowed_keys().contains(&key) {
+            return Err(Error::durl(
+                text,
+                field,
+                format!(
+                    "unknown key {key:?} for {kind}; expected one of {}",
+                    kind.allowed_keys().join(", ")
+                ),
+            ));
+        }
+        if params.has(key) {
+            return Err(Error::durl(text, field, format!("duplicate key {key:?}")));
+        }
+        params
+            .set(key, value)
+            .map_err(|reason| Error::durl(text, field, reason))?;
+    }
+    Ok(params)
 }
 
 impl fmt::Display for Durl {
@@ -534,17 +559,56 @@ impl Durl {
                 self.name, self.kind, later.kind
             )));
         }
-        let p = later.params.clone();
-        let me = &mut self.params;
-        me.size = p.size.or(me.size);
-        me.shm_id = p.shm_id.or(me.shm_id.take());
-        me.url = p.url.or(me.url.take());
-        me.token = p.token.or(me.token.take());
-        me.timeout = p.timeout.or(me.timeout);
-        me.device = p.device.or(me.device.take());
-        me.port = p.port.or(me.port);
-        me.gid_index = p.gid_index.or(me.gid_index);
-        me.prefix = p.prefix.or(me.prefix.take());
+        self.params.merge(later.params.clone());
+        Ok(())
+    }
+
+    /// Completes this durl from the text a runtime passes to `config_transport`:
+    /// either bare `KEY,VALUE;` pairs with no name and no implementation
+    /// (`"url,tcp://localhost:2333;"`, `"size,65536;"`, as the original's own test
+    /// scripts send), or a full durl for this same transport and implementation.
+    /// Later values win; the empty string changes nothing (as in the original).
+    ///
+    /// # Errors
+    /// [`Error::Durl`] quoting the malformed part (a field without `,`, an unknown or
+    /// duplicate key, a bad value, a missing final `;`); [`Error::InvalidArgument`] for
+    /// a full durl that names another transport or implementation. On error `self` is
+    /// unchanged.
+    ///
+    /// # Example
+    /// ```
+    /// use scad_core::durl::Durl;
+    /// let mut d: Durl = "client1;rdma_tcp;".parse()?;
+    /// d.configure("url,tcp://localhost:2333;")?;
+    /// assert!(d.is_complete());
+    /// assert_eq!(d.to_string(), "client1;rdma_tcp;url,tcp://localhost:2333;");
+    /// # Ok::<(), scad_core::Error>(())
+    /// ```
+    pub fn configure(&mut self, update: &str) -> Result<()> {
+        if update.is_empty() {
+            return Ok(());
+        }
+        if let Some(bad) = update.chars().find(|c| !c.is_ascii()) {
+            return Err(Error::durl(update, &bad.to_string(), "durls must be ASCII"));
+        }
+        let mut fields = update.split(';');
+        let first = fields.next().unwrap_or_default();
+        let second = fields.next().unwrap_or_default();
+        // A name never contains ',' and a pair always does; a full durl is recognised
+        // by its implementation field, so a full durl for another transport gets the
+        // "another transport" error rather than "expected KEY,VALUE".
+        let full = !first.contains(',')
+            && (first == self.name || TransportKind::ALL.iter().any(|k| k.as_str() == second));
+        if full {
+            let later: Durl = update.parse()?;
+            return self.merge(&later);
+        }
+        let Some(body) = update.strip_suffix(';') else {
+            let last = update.rsplit(';').next().unwrap_or(update);
+            return Err(Error::durl(update, last, "every field must end with ';'"));
+        };
+        let params = parse_pairs(update, self.kind, body.split(';'))?;
+        self.params.merge(params);
         Ok(())
     }
 
@@ -696,6 +760,77 @@ mod tests {
     }
 
     #[test]
+    fn bare_pairs_complete_a_durl_as_the_original_scripts_do() {
+        let mut d: Durl = "client1;rdma_tcp;".parse().unwrap();
+        d.configure("url,tcp://localhost:2333;").unwrap();
+        assert_eq!(d.to_string(), "client1;rdma_tcp;url,tcp://localhost:2333;");
+        // More pairs later; later values win.
+        d.configure("timeout_ms,50;url,tcp://127.0.0.1:9;").unwrap();
+        assert_eq!(
+            d.to_string(),
+            "client1;rdma_tcp;url,tcp://127.0.0.1:9;timeout_ms,50;"
+        );
+        let mut l: Durl = "client1;rdma_local;".parse().unwrap();
+        l.configure("size,65536;").unwrap();
+        assert_eq!(l.resolve().unwrap(), TransportConfig::Local { size: 65536 });
+        // A full durl for the same transport still works, and "" changes nothing.
+        let mut f: Durl = "mem;rdma_tcp;".parse().unwrap();
+        f.configure("mem;rdma_tcp;url,tcp://h:1;").unwrap();
+        f.configure("").unwrap();
+        assert!(f.is_complete());
+    }
+
+    #[test]
+    fn malformed_pairs_are_refused_quoting_the_bad_part_and_change_nothing() {
+        let fresh: Durl = "c;rdma_tcp;".parse().unwrap();
+        let cases: [(&str, &str, &str); 9] = [
+            (
+                "url,tcp://localhost:2333",
+                "url,tcp://localhost:2333",
+                "end with ';'",
+            ),
+            ("url;", "url", "expected KEY,VALUE"),
+            ("size,10;", "size,10", "unknown key \"size\" for rdma_tcp"),
+            ("url,http://x:1;", "url,http://x:1", "tcp://"),
+            ("url,tcp://h:1;url,tcp://h:2;", "url,tcp://h:2", "duplicate"),
+            ("timeout_ms,soon;", "timeout_ms,soon", "decimal number"),
+            ("url,tcp://h:1;;", "", "expected KEY,VALUE"),
+            ("rdma_tcp;", "rdma_tcp", "expected KEY,VALUE"),
+            ("url,tcp://hé:1;", "é", "ASCII"),
+        ];
+        for (update, part, reason) in cases {
+            let mut d = fresh.clone();
+            match d.configure(update) {
+                Err(Error::Durl {
+                    durl,
+                    part: p,
+                    reason: r,
+                }) => {
+                    assert_eq!(durl, update);
+                    assert_eq!(p, part, "{update:?}");
+                    assert!(r.contains(reason), "{update:?}: {r}");
+                }
+                other => panic!("{update:?} should fail, got {other:?}"),
+            }
+            assert_eq!(d, fresh, "{update:?} must change nothing");
+        }
+        // Full durls for another transport or kind keep their own errors.
+        let mut d = fresh.clone();
+        assert!(matches!(
+            d.configure("other;rdma_tcp;url,tcp://h:1;"),
+            Err(Error::InvalidArgument(m)) if m.contains("\"other\"")
+        ));
+        assert!(matches!(
+            d.configure("c;rdma_local;size,1;"),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            d.configure("c;rdma_foo;"),
+            Err(Error::Durl { part, .. }) if part == "rdma_foo"
+        ));
+    }
+
+    #[test]
     fn malformed_durls_quote_the_bad_part() {
         assert_eq!(err("a;rdma_local;size,10").0, "size,10");
         assert!(err("a;rdma_local;size,10").1.contains("end with ';'"));
@@ -774,6 +909,15 @@ mod tests {
         #[test]
         fn parser_never_panics(s in "\\PC{0,64}") {
             let _ = s.parse::<Durl>();
+        }
+
+        #[test]
+        fn configure_never_panics_and_fails_atomically(s in "\\PC{0,64}") {
+            let fresh: Durl = "c;rdma_uverbs;".parse().unwrap();
+            let mut d = fresh.clone();
+            if d.configure(&s).is_err() {
+                proptest::prop_assert_eq!(d, fresh);
+            }
         }
 
         #[test]

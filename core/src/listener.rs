@@ -1,8 +1,9 @@
 //! What every memory server does with its TCP listener, whatever it serves: bind,
-//! accept, refuse clients over the connection limit, run each connection on its own
-//! thread, and shut down by closing every connection and joining every thread. The
-//! tcp [`crate::server::MemoryServer`] serves requests on its connections; the RDMA
-//! server (feature `rdma`) exchanges queue-pair information on them.
+//! accept, apply protected mode ([`admit`]), refuse clients over the connection limit,
+//! run each connection on its own thread, and shut down by closing every connection and
+//! joining every thread. The tcp [`crate::server::MemoryServer`] serves requests on its
+//! connections; the RDMA server (feature `rdma`) exchanges queue-pair information on
+//! them.
 
 use std::collections::HashMap;
 use std::io;
@@ -17,6 +18,70 @@ use std::time::Duration;
 use tracing::warn;
 
 use crate::error::{Error, Result};
+
+/// Whether a memory server serves a client, by [`admit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Serve it (it must still pass the token check, if there is a token).
+    Serve,
+    /// Refuse it: the server has no token and the client is not on this host.
+    Protected,
+}
+
+/// Protected mode, as in Redis: a memory server started without a token serves only
+/// clients on this host (loopback addresses), because anyone it serves may read and
+/// write its whole address space. A server with a token (or region tokens) serves the
+/// network, every client proving itself with the token first; `unprotected` (the
+/// `--unprotected` flag, `SCAD_UNPROTECTED=1`) serves the network without one, for
+/// those who accept that risk. Both the tcp and the RDMA server decide here.
+///
+/// IPv4-mapped IPv6 addresses count as their IPv4 address (`::ffff:127.0.0.1` is
+/// loopback).
+///
+/// # Example
+/// ```
+/// use scad_core::server::{admit, Admission};
+/// let lan = "10.0.0.7".parse().unwrap();
+/// assert_eq!(admit(lan, false, false), Admission::Protected);
+/// assert_eq!(admit(lan, true, false), Admission::Serve);
+/// assert_eq!(admit("127.0.0.1".parse().unwrap(), false, false), Admission::Serve);
+/// ```
+pub fn admit(peer: IpAddr, token_configured: bool, unprotected: bool) -> Admission {
+    if token_configured || unprotected || peer.to_canonical().is_loopback() {
+        Admission::Serve
+    } else {
+        Admission::Protected
+    }
+}
+
+/// What a client refused by protected mode is told (in the server's protocol) and the
+/// log says: why, and the two ways to open the server.
+pub(crate) const PROTECTED_MESSAGE: &str = "memory server is in protected mode: it has no \
+    token, so it serves only clients on its own host (loopback). To serve the network, \
+    start it with --token SECRET (SCAD_TOKEN; clients add token,SECRET; to their durl), \
+    or accept that anyone who can reach the port may read and write all of its memory \
+    and start it with --unprotected (SCAD_UNPROTECTED=1)";
+
+/// Why the acceptor refuses a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The server serves its limit of connections already.
+    AtLimit {
+        /// The limit.
+        limit: usize,
+    },
+    /// Protected mode ([`admit`]): no token, and the client is not on this host.
+    Protected,
+}
+
+/// Who a listener serves: the inputs of [`admit`] besides the peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Protection {
+    /// A token (or region tokens) is configured.
+    pub(crate) token_configured: bool,
+    /// The operator accepted serving the network without a token.
+    pub(crate) unprotected: bool,
+}
 
 /// Binds `addr` (`"0.0.0.0:2333"`; port 0 picks a free one); errors name `addr` and
 /// what failed.
@@ -71,10 +136,12 @@ struct Live {
 pub(crate) struct Hub {
     addr: SocketAddr,
     max_connections: usize,
+    protection: Protection,
     stopping: AtomicBool,
     active: AtomicUsize,
     accepted: AtomicU64,
     refused: AtomicU64,
+    protected: AtomicU64,
     live: Mutex<Live>,
     stopped: Mutex<bool>,
     stopped_cv: Condvar,
@@ -82,14 +149,23 @@ pub(crate) struct Hub {
 
 impl Hub {
     /// A hub for a listener bound to `addr`.
-    pub(crate) fn new(addr: SocketAddr, max_connections: usize) -> Self {
+    pub(crate) fn new(addr: SocketAddr, max_connections: usize, protection: Protection) -> Self {
+        if !protection.token_configured && protection.unprotected && !addr.ip().is_loopback() {
+            warn!(
+                %addr,
+                "serving the network without a token (--unprotected): anyone who can reach \
+                 this port may read and write all of this server's memory"
+            );
+        }
         Hub {
             addr,
             max_connections,
+            protection,
             stopping: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            protected: AtomicU64::new(0),
             live: Mutex::new(Live::default()),
             stopped: Mutex::new(false),
             stopped_cv: Condvar::new(),
@@ -114,6 +190,11 @@ impl Hub {
     /// Connections refused at the limit so far.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused by protected mode so far.
+    pub(crate) fn refused_protected(&self) -> u64 {
+        self.protected.load(Ordering::Relaxed)
     }
 
     /// True once shutdown has begun.
@@ -164,9 +245,12 @@ impl Hub {
     }
 }
 
-/// Starts the accept thread of `listener`. A client over the hub's connection limit
-/// is handed to `refuse` (which tells it why, in its protocol) and dropped; every
-/// other one gets its own thread running `serve(stream, peer)`.
+/// Starts the accept thread of `listener`. A client that protected mode refuses
+/// ([`admit`]), or that comes over the hub's connection limit, is handed to `refuse`
+/// (which tells it why, in its protocol) and dropped; every other one gets its own
+/// thread running `serve(stream, peer)`. Limit refusals run on the accept thread (they
+/// must not wait for the client); protected-mode refusals run on a connection thread
+/// (counted against the limit), which can linger until the client has read why.
 pub(crate) fn spawn_acceptor<R, S>(
     hub: Arc<Hub>,
     listener: TcpListener,
@@ -175,13 +259,21 @@ pub(crate) fn spawn_acceptor<R, S>(
     serve: S,
 ) -> Result<JoinHandle<()>>
 where
-    R: Fn(&mut TcpStream, &str, usize) + Send + 'static,
+    R: Fn(&mut TcpStream, &str, Refusal) + Send + Sync + 'static,
     S: Fn(TcpStream, &str) + Send + Sync + 'static,
 {
     let addr = hub.addr;
     std::thread::Builder::new()
         .name(format!("{thread_prefix}-accept-{}", addr.port()))
-        .spawn(move || accept_loop(&hub, &listener, thread_prefix, &refuse, Arc::new(serve)))
+        .spawn(move || {
+            accept_loop(
+                &hub,
+                &listener,
+                thread_prefix,
+                &Arc::new(refuse),
+                &Arc::new(serve),
+            )
+        })
         .map_err(|e| Error::Server {
             addr: addr.to_string(),
             reason: "cannot spawn the accept thread".into(),
@@ -193,10 +285,10 @@ fn accept_loop<R, S>(
     hub: &Arc<Hub>,
     listener: &TcpListener,
     thread_prefix: &str,
-    refuse: &R,
-    serve: Arc<S>,
+    refuse: &Arc<R>,
+    serve: &Arc<S>,
 ) where
-    R: Fn(&mut TcpStream, &str, usize),
+    R: Fn(&mut TcpStream, &str, Refusal) + Send + Sync + 'static,
     S: Fn(TcpStream, &str) + Send + Sync + 'static,
 {
     let mut next_id = 0u64;
@@ -212,31 +304,67 @@ fn accept_loop<R, S>(
                 continue;
             }
         };
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        let peer_addr = stream.peer_addr().ok();
+        let peer = peer_addr.map_or_else(|| "?".to_owned(), |a| a.to_string());
+        let admission = match peer_addr {
+            Some(a) => admit(
+                a.ip(),
+                hub.protection.token_configured,
+                hub.protection.unprotected,
+            ),
+            // No address to judge: only a server that serves the network may serve it.
+            None if hub.protection.token_configured || hub.protection.unprotected => {
+                Admission::Serve
+            }
+            None => Admission::Protected,
+        };
         if hub.active.load(Ordering::SeqCst) >= hub.max_connections {
             hub.refused.fetch_add(1, Ordering::Relaxed);
             warn!(%peer, limit = hub.max_connections, "connection refused: at the connection limit");
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            refuse(&mut stream, &peer, hub.max_connections);
+            refuse(
+                &mut stream,
+                &peer,
+                Refusal::AtLimit {
+                    limit: hub.max_connections,
+                },
+            );
             continue;
+        }
+        if admission == Admission::Protected {
+            hub.protected.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                %peer,
+                "connection refused: protected mode (no token, client not on this host); \
+                 start the server with --token SECRET to serve the network, or with \
+                 --unprotected (SCAD_UNPROTECTED=1) to accept the risk"
+            );
         }
         next_id += 1;
         let id = next_id;
         hub.active.fetch_add(1, Ordering::SeqCst);
-        hub.accepted.fetch_add(1, Ordering::Relaxed);
         let mut live = hub.live.lock().unwrap_or_else(PoisonError::into_inner);
         live.handlers.retain(|h| !h.is_finished());
         if let Ok(clone) = stream.try_clone() {
             live.streams.insert(id, clone);
         }
         let conn_hub = Arc::clone(hub);
-        let serve = Arc::clone(&serve);
+        let serve = Arc::clone(serve);
+        let refuse = Arc::clone(refuse);
+        if admission == Admission::Serve {
+            hub.accepted.fetch_add(1, Ordering::Relaxed);
+        }
         let spawned = std::thread::Builder::new()
             .name(format!("{thread_prefix}-conn-{id}"))
             .spawn(move || {
-                serve(stream, &peer);
+                let mut stream = stream;
+                match admission {
+                    Admission::Serve => serve(stream, &peer),
+                    Admission::Protected => {
+                        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                        refuse(&mut stream, &peer, Refusal::Protected);
+                    }
+                }
                 conn_hub
                     .live
                     .lock()
@@ -268,6 +396,39 @@ mod tests {
         assert_eq!(connectable(a).to_string(), "[::1]:5");
         assert_eq!(url("[::]:7".parse().unwrap()), "tcp://[::1]:7");
         assert_eq!(url("10.0.0.1:7".parse().unwrap()), "tcp://10.0.0.1:7");
+    }
+
+    #[test]
+    fn protected_mode_serves_loopback_only_unless_a_token_or_the_flag_opens_it() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let local = ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"];
+        let remote = [
+            "10.213.77.2",
+            "192.168.1.5",
+            "0.0.0.0",
+            "::",
+            "fe80::1",
+            "2001:db8::1",
+            "::ffff:10.0.0.1",
+        ];
+        for peer in local {
+            for (token, open) in [(false, false), (true, false), (false, true), (true, true)] {
+                assert_eq!(admit(ip(peer), token, open), Admission::Serve, "{peer}");
+            }
+        }
+        for peer in remote {
+            assert_eq!(
+                admit(ip(peer), false, false),
+                Admission::Protected,
+                "{peer}"
+            );
+            assert_eq!(admit(ip(peer), true, false), Admission::Serve, "{peer}");
+            assert_eq!(admit(ip(peer), false, true), Admission::Serve, "{peer}");
+            assert_eq!(admit(ip(peer), true, true), Admission::Serve, "{peer}");
+        }
+        assert!(
+            PROTECTED_MESSAGE.contains("--token") && PROTECTED_MESSAGE.contains("--unprotected")
+        );
     }
 
     #[test]

@@ -1,74 +1,34 @@
 //! Owned memory: the address space a memory element serves ([`MemoryRegion`]) and the
 //! registered local buffer transports move data into and out of ([`RegisteredBuffer`]).
 //!
-//! Both are one zeroed, page-aligned allocation shared between threads. This module is
-//! where the raw-pointer code lives; everything it exports is safe. Concurrency:
+//! Both are one zeroed, page-aligned anonymous mapping shared between threads: address
+//! space is reserved at once and the kernel commits a page only when it is first
+//! written (reads of unwritten bytes see the shared zero page), so a memory element of
+//! any size starts at once and holds only what was written. This module is where the
+//! raw-pointer code lives (the mapping itself in `anon`); everything it exports is
+//! safe. Concurrency:
 //! - a `MemoryRegion` is split into stripes, each behind a `RwLock`, so concurrent
 //!   clients may read and write disjoint stripes in parallel and an access never sees
 //!   a half-done write to the same stripe;
 //! - a `RegisteredBuffer` hands out guards over byte ranges; overlapping mutable ranges
 //!   wait for each other, so a transport filling one page never races a reader of it.
 
-use std::alloc::{self, Layout};
+mod anon;
+
 use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
 use std::sync::{Condvar, Mutex, PoisonError, RwLock};
 
 use crate::error::{Error, Result};
+use anon::AnonMap;
 
-/// Alignment of every allocation: one page, as RDMA registration and O_DIRECT like it.
-const ALIGN: usize = 4096;
-
-/// A zeroed, page-aligned heap allocation of `len` bytes, freed on drop.
-#[derive(Debug)]
-struct RawAlloc {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: RawAlloc is a plain owned allocation; the types built on it synchronise access.
-unsafe impl Send for RawAlloc {}
-// SAFETY: as above; shared references only expose raw pointers, never data.
-unsafe impl Sync for RawAlloc {}
-
-impl RawAlloc {
-    fn zeroed(len: u64) -> Result<Self> {
-        let size = usize::try_from(len).map_err(|_| Error::Alloc {
-            size: len,
-            reason: "larger than the address space of this machine".into(),
-        })?;
-        if size == 0 {
-            return Ok(RawAlloc {
-                ptr: NonNull::dangling(),
-                len: 0,
-            });
-        }
-        let layout = Layout::from_size_align(size, ALIGN).map_err(|e| Error::Alloc {
-            size: len,
-            reason: e.to_string(),
-        })?;
-        // SAFETY: layout has non-zero size (checked above).
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Alloc {
-            size: len,
-            reason: "out of memory".into(),
-        })?;
-        Ok(RawAlloc { ptr, len: size })
-    }
-}
-
-impl Drop for RawAlloc {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: allocated in `zeroed` with exactly this layout (validated there).
-            unsafe {
-                alloc::dealloc(
-                    self.ptr.as_ptr(),
-                    Layout::from_size_align_unchecked(self.len, ALIGN),
-                )
-            }
-        }
-    }
+/// Backs the memory of `buf` with pages now, as if it were written, without changing
+/// a byte: a large fresh destination (a new NumPy array, a new `Vec`) is then filled
+/// without a page fault per 4 KiB inside the copy or socket receive that fills it,
+/// which is cheaper. Only worth it just before `buf` is overwritten whole. Best effort
+/// (Linux 5.14 or later; does nothing elsewhere).
+pub fn populate_for_write(buf: &mut [u8]) {
+    anon::populate_for_write(buf);
 }
 
 /// Stripe size of a [`MemoryRegion`]: the unit of locking between concurrent clients.
@@ -78,11 +38,12 @@ pub const STRIPE: usize = 256 * 1024;
 const WHOLE_COPY: usize = 512 * 1024;
 
 /// The address space of one memory element: `size` zeroed bytes, readable and writable
-/// by many threads at once. Every access is bounds-checked.
+/// by many threads at once. Every access is bounds-checked. Pages are committed on
+/// first write; a fresh region of any size costs address space, not memory.
 pub struct MemoryRegion {
     mem: RawParts,
     stripes: Box<[RwLock<()>]>,
-    /// Keeps the memory alive: a heap allocation or a shared-memory mapping.
+    /// Keeps the memory alive: an anonymous or a shared-memory mapping.
     _owner: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -108,20 +69,19 @@ impl std::fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
-    /// Allocates a zeroed region. Pages are committed lazily by the OS, so a large,
-    /// mostly unused region costs little.
+    /// Maps a zeroed region of `size` bytes. Nothing is committed until written, so
+    /// this takes the same (short) time at any size, and the resident size grows only
+    /// with the pages clients write.
     ///
     /// # Errors
-    /// [`Error::Alloc`] when the size does not fit or the allocation fails.
+    /// [`Error::Alloc`] when the size does not fit this machine's address space or the
+    /// kernel refuses the mapping.
     pub fn new(size: u64) -> Result<Self> {
-        let alloc = RawAlloc::zeroed(size)?;
-        let mem = RawParts {
-            ptr: alloc.ptr,
-            len: alloc.len,
-        };
-        // SAFETY: the allocation is `len` bytes, lives as long as `alloc`, which the
-        // region owns, and nothing else refers to it.
-        Ok(unsafe { Self::from_raw_parts(mem.ptr, mem.len, Box::new(alloc)) })
+        let map = AnonMap::zeroed(size)?;
+        let (ptr, len) = (map.ptr(), map.len());
+        // SAFETY: the mapping is `len` bytes, lives as long as `map`, which the region
+        // owns, and nothing else refers to it.
+        Ok(unsafe { Self::from_raw_parts(ptr, len, Box::new(map)) })
     }
 
     /// A region over memory owned by `owner` (a shared-memory mapping).
@@ -299,7 +259,8 @@ impl MemoryRegion {
 }
 
 /// The local buffer a transport reads into and writes from, as in the original libd:
-/// one zeroed, page-aligned allocation that several transports may share.
+/// one zeroed, page-aligned mapping that several transports may share (committed page
+/// by page as it is first written).
 ///
 /// Rust code reaches its bytes through guards over ranges: any number of shared guards,
 /// or one mutable guard, may cover a byte at a time; asking for a conflicting guard
@@ -308,7 +269,7 @@ impl MemoryRegion {
 /// with an RDMA memory region.
 #[derive(Debug)]
 pub struct RegisteredBuffer {
-    mem: RawAlloc,
+    mem: AnonMap,
     /// Unique for the life of the process, so a cache keyed by it (RDMA memory
     /// registrations) never mistakes a new buffer at a reused address for an old one.
     id: u64,
@@ -317,7 +278,7 @@ pub struct RegisteredBuffer {
 }
 
 impl RegisteredBuffer {
-    /// Allocates a zeroed buffer of `len` bytes.
+    /// Maps a zeroed buffer of `len` bytes.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero length, [`Error::Alloc`] if allocation fails.
@@ -329,7 +290,7 @@ impl RegisteredBuffer {
         }
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(RegisteredBuffer {
-            mem: RawAlloc::zeroed(len as u64)?,
+            mem: AnonMap::zeroed(len as u64)?,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             locks: Mutex::new(Vec::new()),
             freed: Condvar::new(),
@@ -338,18 +299,18 @@ impl RegisteredBuffer {
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mem.len
+        self.mem.len()
     }
 
     /// Always false: buffers have at least one byte.
     pub fn is_empty(&self) -> bool {
-        self.mem.len == 0
+        self.mem.len() == 0
     }
 
     /// Start of the buffer, for foreign code (the Python buffer protocol, RDMA memory
     /// registration). Valid as long as the buffer lives.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.mem.ptr.as_ptr()
+        self.mem.ptr().as_ptr()
     }
 
     /// An identifier no other buffer of this process ever has.

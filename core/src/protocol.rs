@@ -85,6 +85,10 @@ pub enum ErrorCode {
     /// The connection was idle longer than the server's idle timeout and was closed.
     /// Sent with request id 0 just before closing.
     IdleTimeout = 9,
+    /// Protected mode: the server has no token and serves only clients on its own host
+    /// (loopback). Sent with request id 0 just before closing; the message says how the
+    /// server can be opened to the network.
+    Protected = 10,
 }
 
 impl ErrorCode {
@@ -99,6 +103,7 @@ impl ErrorCode {
             7 => ErrorCode::Internal,
             8 => ErrorCode::RequestTimeout,
             9 => ErrorCode::IdleTimeout,
+            10 => ErrorCode::Protected,
             _ => return None,
         })
     }

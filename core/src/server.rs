@@ -27,7 +27,9 @@ use subtle::ConstantTimeEq;
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
-use crate::listener::{self, Hub};
+use crate::listener::{self, Hub, Protection, Refusal, PROTECTED_MESSAGE};
+
+pub use crate::listener::{admit, Admission};
 use crate::memory::MemoryRegion;
 use crate::protocol::{
     self, ErrorCode, ErrorReply, HelloReply, Request, Segment, LEN_BYTES, REQUEST_HEADER,
@@ -49,8 +51,9 @@ use crate::protocol::{
 /// | a started frame (or a new connection's hello) must arrive within | `request_timeout` | 30 s |
 #[derive(Clone)]
 pub struct ServerConfig {
-    /// Shared secret that opens the whole address space; `None` with no `regions`
-    /// serves everyone.
+    /// Shared secret that opens the whole address space. With no token (and no
+    /// `regions`) the server is in protected mode: it serves only clients on this host
+    /// (see [`admit`]) unless `unprotected` is set.
     pub token: Option<String>,
     /// Parts of the address space with their own tokens. A client whose hello carries
     /// a region's token sees only that region, as an address space of its own starting
@@ -80,6 +83,10 @@ pub struct ServerConfig {
     /// within it too. Otherwise the connection is closed with `RequestTimeout`, so a
     /// stalled client cannot hold a worker. `None` waits forever (up to `idle_timeout`).
     pub request_timeout: Option<Duration>,
+    /// Serve clients on other hosts even without a token (`--unprotected`,
+    /// `SCAD_UNPROTECTED=1`): anyone who can reach the port may then read and write the
+    /// whole address space. Off by default (protected mode, as in Redis; see [`admit`]).
+    pub unprotected: bool,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +100,7 @@ impl Default for ServerConfig {
             in_flight_wait: Duration::from_secs(5),
             idle_timeout: Some(Duration::from_secs(600)),
             request_timeout: Some(Duration::from_secs(30)),
+            unprotected: false,
         }
     }
 }
@@ -109,6 +117,7 @@ impl fmt::Debug for ServerConfig {
             .field("in_flight_wait", &self.in_flight_wait)
             .field("idle_timeout", &self.idle_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("unprotected", &self.unprotected)
             .finish()
     }
 }
@@ -192,6 +201,8 @@ pub struct ServerStats {
     pub connections: u64,
     /// Connections refused at the limit.
     pub refused: u64,
+    /// Connections refused by protected mode (no token, client on another host).
+    pub protected: u64,
     /// Requests handled (hello included).
     pub requests: u64,
     /// Requests answered with an error.
@@ -299,10 +310,15 @@ impl MemoryServer {
         }
         check_regions(&config, region.size()).map_err(invalid)?;
         let (listener, local) = listener::bind(addr)?;
+        let protection = Protection {
+            token_configured: config.token.is_some() || !config.regions.is_empty(),
+            unprotected: config.unprotected,
+        };
         info!(
             addr = %local,
             size = region.size(),
-            auth = config.token.is_some() || !config.regions.is_empty(),
+            auth = protection.token_configured,
+            protected_mode = !protection.token_configured && !protection.unprotected,
             regions = config.regions.len(),
             max_connections = config.max_connections,
             max_frame = config.max_frame,
@@ -312,7 +328,7 @@ impl MemoryServer {
         let shared = Arc::new(Shared {
             region,
             budget: Budget::new(config.max_in_flight),
-            hub: Arc::new(Hub::new(local, config.max_connections)),
+            hub: Arc::new(Hub::new(local, config.max_connections, protection)),
             config,
             counters: Counters::default(),
         });
@@ -321,16 +337,27 @@ impl MemoryServer {
             Arc::clone(&shared.hub),
             listener,
             "scad",
-            |stream, _peer, limit| {
+            |stream, _peer, why| {
+                let (reply, wait) = match why {
+                    Refusal::AtLimit { limit } => (
+                        ErrorReply::new(
+                            ErrorCode::Busy,
+                            format!("server is at its limit of {limit} connections"),
+                        ),
+                        // The accept thread must not wait on a client it refuses.
+                        Duration::ZERO,
+                    ),
+                    // On the connection's own thread: wait until the client has its hello
+                    // answered (its request discarded), so the reply is not lost to a reset.
+                    Refusal::Protected => (
+                        ErrorReply::new(ErrorCode::Protected, PROTECTED_MESSAGE.to_owned()),
+                        LINGER_TIME,
+                    ),
+                };
                 let mut out = Vec::new();
-                ErrorReply::new(
-                    ErrorCode::Busy,
-                    format!("server is at its limit of {limit} connections"),
-                )
-                .encode(&mut out, 0);
+                reply.encode(&mut out, 0);
                 let _ = stream.write_all(&out);
-                // The accept thread must not wait on a client it refuses.
-                linger(stream, Duration::ZERO);
+                linger(stream, wait);
             },
             move |stream, peer| {
                 debug!(%peer, "client connected");
@@ -372,6 +399,7 @@ impl MemoryServer {
         ServerStats {
             connections: self.shared.hub.accepted(),
             refused: self.shared.hub.refused(),
+            protected: self.shared.hub.refused_protected(),
             requests: c.requests.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             busy: c.busy.load(Ordering::Relaxed),

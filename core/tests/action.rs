@@ -34,6 +34,77 @@ fn late_configuration_wakes_a_waiting_reader() {
     assert_eq!(server.stats().bytes_written, 4);
 }
 
+/// The original's `runtime_example_tcp.py` / `runtime_example_local.py`: a transport
+/// added as `client1;IMPL;`, used at once by the element (its calls wait), and completed
+/// from another thread with bare `KEY,VALUE;` pairs.
+fn partial_durl_completed_from_another_thread(kind: &str, pairs: String) {
+    let action = Arc::new(Action::new("0000"));
+    assert_eq!(
+        action.add_transport(&format!("client1;{kind};")).unwrap(),
+        TransportState::Pending
+    );
+    let configurer = {
+        let action = Arc::clone(&action);
+        std::thread::spawn(move || {
+            // Give the element time to block in its first call (the original waits 5 s).
+            std::thread::sleep(Duration::from_millis(50));
+            action.config_transport("client1", &pairs)
+        })
+    };
+    let trans = action.endpoint("client1").unwrap();
+    let buf = trans.reg(4096).unwrap();
+    buf.write_at(0, &12345u32.to_ne_bytes()).unwrap();
+    trans.write(4, 0, 0).unwrap(); // waits for the configuration
+    trans.read(4, 0, 4).unwrap();
+    let mut fetched = [0u8; 4];
+    buf.read_at(4, &mut fetched).unwrap();
+    assert_eq!(u32::from_ne_bytes(fetched), 12345);
+    assert_eq!(configurer.join().unwrap().unwrap(), TransportState::Ready);
+    assert_eq!(action.state("client1").unwrap(), TransportState::Ready);
+}
+
+#[test]
+fn bare_pairs_complete_a_tcp_transport_while_a_write_waits() {
+    let server = MemoryServer::start("127.0.0.1:0", 65536, ServerConfig::default()).unwrap();
+    let port = server.local_addr().port();
+    partial_durl_completed_from_another_thread("rdma_tcp", format!("url,tcp://localhost:{port};"));
+    assert_eq!(server.stats().bytes_written, 4);
+}
+
+#[test]
+fn bare_pairs_complete_a_local_transport_while_a_write_waits() {
+    partial_durl_completed_from_another_thread("rdma_local", "size,65536;".into());
+}
+
+#[test]
+fn malformed_pairs_leave_the_transport_pending_and_name_the_bad_part() {
+    let action = Action::new("bad");
+    action.add_transport("client1;rdma_tcp;").unwrap();
+    for (pairs, part) in [
+        ("url,tcp://localhost:2333", "url,tcp://localhost:2333"),
+        ("size,65536;", "size,65536"),
+        ("url;", "url"),
+    ] {
+        match action.config_transport("client1", pairs) {
+            Err(Error::Durl { part: p, .. }) => assert_eq!(p, part, "{pairs:?}"),
+            other => panic!("{pairs:?}: {other:?}"),
+        }
+        assert_eq!(action.state("client1").unwrap(), TransportState::Pending);
+    }
+    let err = action
+        .config_transport("client1", "size,65536;")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("size,65536") && err.contains("rdma_tcp"),
+        "{err}"
+    );
+    assert!(matches!(
+        action.config_transport("nope", "url,tcp://h:1;"),
+        Err(Error::UnknownTransport { .. })
+    ));
+}
+
 #[test]
 fn unconfigured_transport_times_out_with_a_clear_error() {
     let action = Action::with_timeout("t", Duration::from_millis(100));

@@ -37,12 +37,24 @@ pub struct Args {
     /// Bytes of the address space (suffixes K, M, G accepted, powers of 1024).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub size: u64,
-    /// Address to bind.
+    /// Address to bind. Without a token the server serves only clients on this host
+    /// whatever the address (protected mode; see --token and --unprotected).
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: String,
-    /// Shared secret clients must present (also read from SCAD_TOKEN).
+    /// Shared secret clients must present (also read from SCAD_TOKEN). With a token the
+    /// server serves clients on other hosts too.
     #[arg(long, env = "SCAD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve clients on other hosts without a token: anyone who can reach the port may
+    /// read and write all of this server's memory (also SCAD_UNPROTECTED=1). Without it
+    /// and without a token, clients not on this host are refused (protected mode).
+    #[arg(
+        long,
+        env = "SCAD_UNPROTECTED",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub unprotected: bool,
     /// Connections served at once.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
@@ -120,6 +132,7 @@ pub fn run(args: &Args) -> Result<()> {
         idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
         request_timeout: (args.request_timeout > 0)
             .then(|| Duration::from_secs(args.request_timeout)),
+        unprotected: args.unprotected,
     };
     let bind = bind_addr(args);
     let server = MemoryServer::start(&bind, args.size, config)
@@ -211,6 +224,7 @@ fn serve_rdma(args: &Args) -> Result<()> {
         port: args.rdma_port,
         gid_index: args.gid_index,
         max_connections: args.max_connections,
+        unprotected: args.unprotected,
         ..RdmaServerConfig::default()
     };
     let bind = bind_addr(args);

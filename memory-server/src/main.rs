@@ -1,6 +1,8 @@
 //! `memory_server [PORT] [IMPL]`: serves one Scad memory element (see the library docs
 //! of `scad_memory_server` for the command line).
 
+use std::io::IsTerminal;
+
 use anyhow::Result;
 use clap::Parser;
 use scad_memory_server::{run, Args};
@@ -12,6 +14,8 @@ fn main() -> Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours for people, plain text for log files and pipes.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     run(&Args::parse())
 }

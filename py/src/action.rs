@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -164,6 +165,30 @@ impl PyEndpoint {
     fn write(&self, py: Python<'_>, size: usize, addr: u64, offset: usize) -> PyResult<()> {
         let e = Arc::clone(&self.inner);
         detach(py, move || e.write(size, addr, offset).map_err(core_err))
+    }
+
+    /// Reads `dst.size` bytes at remote `addr` straight into the uint8 array `dst` (no
+    /// registered buffer, no cache): the raw transport read.
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        addr: u64,
+        mut dst: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
+        let e = Arc::clone(&self.inner);
+        let dst = dst
+            .as_slice_mut()
+            .map_err(|err| PyValueError::new_err(err.to_string()))?;
+        detach(py, move || e.read_into(addr, dst).map_err(core_err))
+    }
+
+    /// Writes the uint8 array `src` to remote `addr` (no registered buffer, no cache).
+    fn write_from(&self, py: Python<'_>, addr: u64, src: PyReadonlyArray1<'_, u8>) -> PyResult<()> {
+        let e = Arc::clone(&self.inner);
+        let src = src
+            .as_slice()
+            .map_err(|err| PyValueError::new_err(err.to_string()))?;
+        detach(py, move || e.write_from(addr, src).map_err(core_err))
     }
 
     /// Waits until the transport is configured; returns the remote size in bytes.

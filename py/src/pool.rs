@@ -57,6 +57,7 @@ fn stats_dict<'py>(py: Python<'py>, pool: &BufferPool) -> PyResult<Bound<'py, Py
     d.set_item("bytes_in", s.bytes_in)?;
     d.set_item("bytes_out", s.bytes_out)?;
     d.set_item("fetch_calls", s.fetch_calls)?;
+    d.set_item("bytes_direct", s.bytes_direct)?;
     d.set_item("page_size", pool.page_size())?;
     d.set_item("frames", pool.frames())?;
     d.set_item("capacity", pool.capacity())?;
@@ -122,6 +123,26 @@ impl PyPool {
             .as_slice_mut()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         detach(py, move || pool.read(id, addr, dst).map_err(array_err))
+    }
+
+    /// Reads `dst.size` bytes at remote `addr` of `name` into `dst` around the cache:
+    /// straight from the memory element, with the pool's cached (possibly dirty) pages
+    /// copied over, so the result equals `read`'s. For large one-off reads.
+    fn read_direct(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: u64,
+        mut dst: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
+        let id = self.id(name)?;
+        let pool = Arc::clone(&self.inner);
+        let dst = dst
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        detach(py, move || {
+            pool.read_direct(id, addr, dst).map_err(array_err)
+        })
     }
 
     /// Writes the uint8 array `src` to remote `addr` of `name` (through the cache).

@@ -22,10 +22,19 @@ pub struct PyMemoryServer {
 
 #[pymethods]
 impl PyMemoryServer {
-    /// Starts serving `size` bytes on `addr` (`"127.0.0.1:0"` picks a free port).
+    /// Starts serving `size` bytes on `addr` (`"127.0.0.1:0"` picks a free port). The
+    /// memory is mapped, not committed: pages cost memory once written. Without a
+    /// `token` only clients on this host are served (protected mode) unless
+    /// `unprotected` is true.
     #[new]
-    #[pyo3(signature = (size, addr="127.0.0.1:0", token=None))]
-    fn new(py: Python<'_>, size: u64, addr: &str, token: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (size, addr="127.0.0.1:0", token=None, unprotected=false))]
+    fn new(
+        py: Python<'_>,
+        size: u64,
+        addr: &str,
+        token: Option<String>,
+        unprotected: bool,
+    ) -> PyResult<Self> {
         let addr = addr.to_owned();
         let server = detach(py, move || {
             MemoryServer::start(
@@ -33,6 +42,7 @@ impl PyMemoryServer {
                 size,
                 ServerConfig {
                     token,
+                    unprotected,
                     ..ServerConfig::default()
                 },
             )

@@ -255,3 +255,57 @@ def test_every_durl_kind():
     finally:
         a.terminate()
         srv.shutdown()
+
+
+def _original_example(transport_url: str, extra_url: str):
+    """The original's runtime_example_{tcp,local}.py: the element uses transport
+    ``client1`` at once (its calls block) while another thread completes it with bare
+    ``KEY,VALUE;`` pairs."""
+    cv = threading.Condition()
+    action = disagg.LibdAction(cv, "0000", timeout=20)
+    assert action.add_transport(transport_url) == 0
+
+    def delayed_config():
+        time.sleep(0.2)
+        assert action.config_transport("client1", extra_url) == 1
+
+    config_thread = threading.Thread(target=delayed_config)
+    config_thread.start()
+    trans = action.get_transport("client1", "rdma")
+    trans.reg(4096)
+    struct.pack_into("@I", trans.buf, 0, 12345)
+    assert action._native.state("client1") == 0, "still pending while the element starts"
+    assert trans.write(4, addr=0, offset=0) == 0  # blocks until configured
+    assert trans.read(4, addr=0, offset=4) == 0
+    fetched = struct.unpack_from("@I", trans.buf[4:])[0]
+    config_thread.join(10)
+    assert fetched == 12345
+    assert action._native.state("client1") == 1
+    action.terminate()
+
+
+def test_bare_pairs_complete_a_tcp_transport_as_the_original_example(server):
+    _original_example("client1;rdma_tcp;", f"url,tcp://localhost:{server.port};")
+    assert server.stats()["bytes_written"] == 4
+
+
+def test_bare_pairs_complete_a_local_transport_as_the_original_example():
+    _original_example("client1;rdma_local;", "size,65536;")
+
+
+def test_config_transport_pairs_and_full_durls_and_their_errors(server):
+    a = disagg.LibdAction(None, "pairs", timeout=5)
+    a.add_transport("c;rdma_tcp;")
+    a.add_transport("d;rdma_tcp;")
+    with pytest.raises(ValueError, match=r"url,tcp://localhost:1.*end with ';'|end with ';'.*url,tcp://localhost:1"):
+        a.config_transport("c", "url,tcp://localhost:1")
+    with pytest.raises(ValueError, match="size,64"):
+        a.config_transport("c", "size,64;")  # not a key of rdma_tcp
+    with pytest.raises(ValueError, match="expected KEY,VALUE"):
+        a.config_transport("c", "url;")
+    with pytest.raises(KeyError):
+        a.config_transport("nope", "url,tcp://localhost:1;")
+    assert a._native.state("c") == 0
+    assert a.config_transport("c", f"timeout_ms,5000;url,tcp://127.0.0.1:{server.port};") == 1
+    assert a.config_transport("d", f"d;rdma_tcp;url,tcp://127.0.0.1:{server.port};") == 1
+    a.terminate()

@@ -287,3 +287,127 @@ def test_scad_run_jobs_one_still_runs_parallel_instances(tmp_path):
     r = run_cli("run", str(d), "-j", "1", "-d", str(tmp_path / "out"), "--json", str(rep))
     assert r.returncode == 0, r.stderr
     assert json.loads(rep.read_text())["results"]["sink"] == {"seen": [0, 1, 2]}
+
+
+class _ServerProcess:
+    """A ``memory_server`` console-script process on a free loopback port."""
+
+    def __init__(self, size="4M"):
+        self.p = subprocess.Popen([sys.executable, "-m", "scad.cli", "memory_server", "0", "tcp", "--size", size,
+                                   "--bind", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True)
+        line = self.p.stdout.readline()
+        assert line.startswith("listening on 127.0.0.1:"), line
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            assert self.p.wait(20) == 0
+        finally:
+            self.p.stdout.close()
+
+
+def test_rundisagg_takes_several_memories_after_one_m_and_repeated_m(tmp_path):
+    """run_tpcds.sh: ``rundisagg step3.o.py -m "1_out_mem:30441" "2_out_mem:30442"
+    "3_out_mem:30443"`` (argparse nargs='+'); repeated -m works too, and mixes."""
+    prog = write(tmp_path / "step3.o.py", """
+        #@ type: compute
+        def main(params, action):
+            out = {}
+            for i, name in enumerate(["1_out_mem", "2_out_mem", "3_out_mem"]):
+                t = action.get_transport(name, "rdma")
+                t.reg(16)
+                t.buf[0:1] = bytes([params_seed() + i])
+                t.write(1, 100)
+                t.read(1, 100, 8)
+                out[name] = t.buf[8]
+            return out
+
+        def params_seed():
+            import os
+            return int(os.environ.get("SEED", "10"))
+    """)
+    servers = [_ServerProcess() for _ in range(3)]
+    try:
+        specs = [f"{n}_out_mem:{s.port}" for n, s in zip((1, 2, 3), servers)]
+        forms = {
+            "one -m, three values": ["-m", *specs],
+            "-m repeated": ["-m", specs[0], "-m", specs[1], "-m", specs[2]],
+            "mixed": ["-m", specs[0], specs[1], "-m", specs[2]],
+        }
+        for seed, (form, margs) in zip((10, 20, 30), forms.items()):
+            r = run_cli("rundisagg", prog, *margs, "-d", str(tmp_path), "-p", env={"SEED": str(seed)})
+            assert r.returncode == 0, f"{form}: {r.stderr}"
+            res = json.loads((tmp_path / "rundisagg.step3.json").read_text())
+            assert res == {"1_out_mem": seed, "2_out_mem": seed + 1, "3_out_mem": seed + 2}, form
+        # The original's long option names, and the element file after the memories.
+        r = run_cli("rundisagg", "-m", *specs, prog, "--output_dir", str(tmp_path), "--print_output",
+                    env={"SEED": "40"})
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"1_out_mem": 40, "2_out_mem": 41, "3_out_mem": 42}
+        # Each server saw its own transport's writes (one byte per run).
+        import disagg
+        a = disagg.LibdAction(None, "check", timeout=10)
+        for i, s in enumerate(servers):
+            a.add_transport(f"s{i};rdma_tcp;url,tcp://127.0.0.1:{s.port};")
+            t = a.get_transport(f"s{i}", "rdma")
+            t.reg(1)
+            t.read(1, 100)
+            assert t.buf[0] == 40 + i
+        a.terminate()
+        missing = run_cli("rundisagg", "-m", *specs)
+        assert missing.returncode == 2 and "objectfile" in missing.stderr
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_memory_server_script_and_embedded_server_commit_memory_only_when_written():
+    """The wheel's memory_server (and its embedded MemoryServer) map their address space:
+    an 8 GiB server is small until written (the process includes the Python interpreter
+    and the wheel)."""
+    s = _ServerProcess("8G")
+    try:
+        start = _rss(s.p.pid)
+        import disagg
+        a = disagg.LibdAction(None, "rss", timeout=10)
+        a.add_transport(f"m;rdma_tcp;url,tcp://127.0.0.1:{s.port};")
+        t = a.get_transport("m", "rdma")
+        t.reg(16 << 20)
+        t.buf[0:16 << 20] = b"\x07" * (16 << 20)
+        t.write(16 << 20, (8 << 30) - (16 << 20))
+        written = _rss(s.p.pid)
+        a.terminate()
+        print(f"memory_server script --size 8G: {start / 2**20:.1f} MiB at start, "
+              f"{written / 2**20:.1f} MiB after writing 16 MiB")
+        assert start < 128 << 20
+        assert written - start < 64 << 20
+    finally:
+        s.stop()
+    before = _rss(os.getpid())
+    big = _native.MemoryServer(8 << 30)
+    try:
+        assert _rss(os.getpid()) - before < 64 << 20
+    finally:
+        big.shutdown()
+
+
+def test_scad_run_gives_its_servers_a_token_off_loopback():
+    """Protected mode serves loopback clients only: `scad run --host ADDR` on another
+    address starts its memory servers with a token of the run's own (passed to the
+    elements in their -m specs)."""
+    from scad.runner import _is_loopback
+    assert _is_loopback("127.0.0.1") and _is_loopback("127.1.2.3") and _is_loopback("localhost")
+    assert _is_loopback("::1")
+    assert not _is_loopback("10.213.77.1") and not _is_loopback("0.0.0.0") and not _is_loopback("myhost")
+    specs = parse_memory_spec("mem:2333:tcp:token,abc", "10.213.77.1")
+    assert specs == [("mem", "mem;rdma_tcp;url,tcp://10.213.77.1:2333;token,abc;")]

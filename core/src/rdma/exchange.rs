@@ -92,6 +92,8 @@ pub enum RefuseCode {
     VersionMismatch = 4,
     /// The client's message could not be decoded.
     Malformed = 5,
+    /// Protected mode: the server has no token and serves only clients on its own host.
+    Protected = 6,
 }
 
 impl RefuseCode {
@@ -102,6 +104,7 @@ impl RefuseCode {
             3 => RefuseCode::Failed,
             4 => RefuseCode::VersionMismatch,
             5 => RefuseCode::Malformed,
+            6 => RefuseCode::Protected,
             _ => return None,
         })
     }
@@ -470,6 +473,10 @@ mod tests {
             Message::Refuse {
                 code: RefuseCode::Unauthenticated,
                 reason: "wrong or missing token".into(),
+            },
+            Message::Refuse {
+                code: RefuseCode::Protected,
+                reason: "protected mode".into(),
             },
         ];
         for msg in msgs {

@@ -23,13 +23,15 @@ use super::qp::{PreparedQp, QpConfig, Role};
 use super::session::{self, ServeError};
 use crate::durl::TransportConfig;
 use crate::error::{Error, Result};
-use crate::listener::{self, Hub};
+use crate::listener::{self, Hub, Protection, Refusal, PROTECTED_MESSAGE};
 use crate::memory::MemoryRegion;
 
 /// Settings of an [`RdmaServer`].
 #[derive(Debug, Clone)]
 pub struct RdmaServerConfig {
-    /// Shared secret clients must present; `None` serves everyone.
+    /// Shared secret clients must present. With `None` the server is in protected
+    /// mode: it serves only clients on this host (see [`crate::server::admit`]) unless
+    /// `unprotected` is set.
     pub token: Option<String>,
     /// Device name (`mlx5_0`); the first device found when `None`.
     pub device: Option<String>,
@@ -41,6 +43,9 @@ pub struct RdmaServerConfig {
     pub max_connections: usize,
     /// How long a client may take to send its connection information.
     pub handshake_timeout: Duration,
+    /// Serve clients on other hosts even without a token (`--unprotected`): anyone who
+    /// can reach the exchange port may then read and write the whole region.
+    pub unprotected: bool,
 }
 
 impl Default for RdmaServerConfig {
@@ -52,6 +57,7 @@ impl Default for RdmaServerConfig {
             gid_index: 0,
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(10),
+            unprotected: false,
         }
     }
 }
@@ -62,7 +68,8 @@ impl Default for RdmaServerConfig {
 pub struct RdmaServerStats {
     /// Clients connected (queue pairs made).
     pub connections: u64,
-    /// Clients refused (bad token, limit, failed set-up, malformed exchange).
+    /// Clients refused (bad token, protected mode, limit, failed set-up, malformed
+    /// exchange).
     pub refused: u64,
 }
 
@@ -181,7 +188,14 @@ impl RdmaServer {
             mr,
             region,
             pd,
-            hub: Arc::new(Hub::new(local, config.max_connections)),
+            hub: Arc::new(Hub::new(
+                local,
+                config.max_connections,
+                Protection {
+                    token_configured: config.token.is_some(),
+                    unprotected: config.unprotected,
+                },
+            )),
             config,
             connections: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -191,13 +205,7 @@ impl RdmaServer {
             Arc::clone(&shared.hub),
             listener,
             "scad-rdma",
-            |stream, _peer, limit| {
-                session::refuse(
-                    stream,
-                    RefuseCode::Busy,
-                    &format!("server is at its limit of {limit} connections"),
-                );
-            },
+            |stream, _peer, why| refuse(stream, why),
             move |stream, peer| match serve_client(&conn_shared, stream) {
                 Ok(()) => debug!(%peer, "RDMA client disconnected"),
                 Err(ServeError::Refused { code, reason }) => {
@@ -242,7 +250,9 @@ impl RdmaServer {
     pub fn stats(&self) -> RdmaServerStats {
         RdmaServerStats {
             connections: self.shared.connections.load(Ordering::Relaxed),
-            refused: self.shared.refused.load(Ordering::Relaxed) + self.shared.hub.refused(),
+            refused: self.shared.refused.load(Ordering::Relaxed)
+                + self.shared.hub.refused()
+                + self.shared.hub.refused_protected(),
         }
     }
 
@@ -276,6 +286,26 @@ impl Drop for RdmaServer {
         if self.acceptor.is_some() {
             self.finish();
         }
+    }
+}
+
+/// Tells a client the acceptor refuses why, in the exchange's terms.
+fn refuse(stream: &mut TcpStream, why: Refusal) {
+    let (code, reason) = match why {
+        Refusal::AtLimit { limit } => (
+            RefuseCode::Busy,
+            format!("server is at its limit of {limit} connections"),
+        ),
+        Refusal::Protected => (RefuseCode::Protected, PROTECTED_MESSAGE.to_owned()),
+    };
+    session::refuse(stream, code, &reason);
+    if why == Refusal::Protected {
+        // On the connection's own thread: let the client read the refusal before the
+        // close (its Connect message is read and discarded, at most for a moment).
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut sink = [0u8; 4096];
+        while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
     }
 }
 
@@ -330,6 +360,39 @@ fn serve_client(shared: &Shared, mut stream: TcpStream) -> std::result::Result<(
 mod tests {
     use super::*;
     use crate::durl::Durl;
+
+    /// The exchange side of protected mode, without RDMA hardware: a client the
+    /// acceptor refuses (as it does a non-loopback client of a server with no token;
+    /// the decision itself is `admit`, shared with the tcp server and tested there)
+    /// gets a `Protected` refusal that says how to open the server, as `Error::Auth`.
+    #[test]
+    fn protected_mode_refusal_reaches_the_rdma_client_as_an_auth_error() {
+        use crate::rdma::exchange::QpInfo;
+        use crate::rdma::session::{client_exchange, ClientTimeouts};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            refuse(&mut stream, Refusal::Protected);
+        });
+        let timeouts = ClientTimeouts {
+            connect: Duration::from_secs(5),
+            exchange: Duration::from_secs(5),
+        };
+        let err = client_exchange(&addr, None, &QpInfo::default(), timeouts).unwrap_err();
+        match &err {
+            Error::Auth { message, .. } => {
+                assert!(message.contains("protected mode"), "{message}");
+                assert!(message.contains("--token") && message.contains("--unprotected"));
+            }
+            other => panic!("{other:?}"),
+        }
+        server.join().unwrap();
+        assert_eq!(
+            crate::server::admit("10.213.77.2".parse().unwrap(), false, false),
+            crate::server::Admission::Protected
+        );
+    }
 
     #[test]
     fn server_without_a_device_says_which_device_is_missing() {

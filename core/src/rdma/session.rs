@@ -122,7 +122,7 @@ pub(crate) fn client_exchange(
             Ok((stream, remote))
         }
         Message::Refuse {
-            code: RefuseCode::Unauthenticated,
+            code: RefuseCode::Unauthenticated | RefuseCode::Protected,
             reason,
         } => Err(Error::Auth {
             peer: addr.to_owned(),

@@ -133,7 +133,7 @@ impl TcpTransport {
                 len: reply.len,
                 size: reply.size,
             },
-            ErrorCode::Unauthenticated => Error::Auth {
+            ErrorCode::Unauthenticated | ErrorCode::Protected => Error::Auth {
                 peer: self.addr.clone(),
                 message: reply.message,
             },

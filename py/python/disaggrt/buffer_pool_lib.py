@@ -50,6 +50,7 @@ class buffer_pool:
     def __init__(self, trans_map: Dict[str, Any], trans_metadata: Optional[Dict[str, int]] = None,
                  capacity: int = buffer_size, page: int = page_size):
         self._pool = _native.BufferPool(capacity, page)
+        self._direct_min = max(page, capacity // 4)
         self.trans_map: Dict[str, Any] = {}
         self._next: Dict[str, int] = {}
         self._stage_next: Dict[str, int] = {}
@@ -114,14 +115,22 @@ class buffer_pool:
             if off + n > mem_size:
                 raise ValueError(f"pieces hold more than mem_size={mem_size} bytes")
             if n:
-                self._pool.read(name, addr, buf[off:off + n])
+                self.read_into(name, addr, buf[off:off + n])
             off += n
         return True, buf
 
     def read_into(self, name: str, addr: int, dst: np.ndarray) -> None:
-        """Reads ``dst.nbytes`` bytes at ``addr`` of ``name`` into ``dst`` (no copy)."""
+        """Reads ``dst.nbytes`` bytes at ``addr`` of ``name`` into ``dst`` (no copy).
+
+        Reads of at least a quarter of the pool go around the cache, straight from the
+        memory element into ``dst`` (cached and dirty pages still win, so the result is
+        the same): they would only evict everything else, and skip a copy this way."""
         self._check(name)
-        self._pool.read(name, int(addr), _as_writable_bytes(dst))
+        raw = _as_writable_bytes(dst)
+        if raw.nbytes >= self._direct_min:
+            self._pool.read_direct(name, int(addr), raw)
+        else:
+            self._pool.read(name, int(addr), raw)
 
     def request_mem_on_buffer_for_array(self, name: str, nbytes: int) -> Tuple[Any, int]:
         """Room for ``nbytes`` in transport ``name``'s registered buffer:

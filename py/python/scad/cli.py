@@ -25,11 +25,16 @@ def memory_server_main(argv: Optional[List[str]] = None) -> int:
 
 def _rundisagg_parser(prog: str = "rundisagg") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Run one compute element against running memory servers.")
-    p.add_argument("objectfile", help="the compute element (<name>.o.py)")
-    p.add_argument("-m", "--memory", action="append", default=[], metavar="[N@]NAME:PORT[:IMPL[:ARGS]]",
-                   help="a memory element to connect (repeatable); N@NAME:PORT gives NAME@0..N-1 on consecutive ports")
-    p.add_argument("-d", "--dir", default="/tmp", help="where parents' outputs are and the result goes (default /tmp)")
-    p.add_argument("-p", "--print", action="store_true", help="print the result as JSON")
+    p.add_argument("objectfile", nargs="?", help="the compute element (<name>.o.py)")
+    # nargs="+" as in the original (`-m a:1 b:2 c:3`, run_tpcds.sh), and "extend" so
+    # that -m may also be repeated (`-m a:1 -m b:2`).
+    p.add_argument("-m", "--memory", action="extend", nargs="+", default=[], metavar="[N@]NAME:PORT[:IMPL[:ARGS]]",
+                   help="memory elements to connect: one or more after each -m, and -m may be repeated; "
+                        "N@NAME:PORT gives NAME@0..N-1 on consecutive ports")
+    p.add_argument("-d", "--dir", "--output_dir", dest="dir", default="/tmp",
+                   help="where parents' outputs are and the result goes (default /tmp)")
+    p.add_argument("-p", "--print", "--print_output", dest="print", action="store_true",
+                   help="print the result as JSON")
     p.add_argument("-i", "--index", type=int, default=None, help="instance index (sets env __OW_PAR)")
     p.add_argument("--host", default="127.0.0.1", help="host of the memory servers (default 127.0.0.1)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an unconfigured transport")
@@ -40,7 +45,16 @@ def rundisagg_main(argv: Optional[List[str]] = None) -> int:
     from .dag import ElementError
     from .runner import parse_memory_spec, run_element
 
-    args = _rundisagg_parser().parse_args(argv)
+    parser = _rundisagg_parser()
+    args = parser.parse_args(argv)
+    if args.objectfile is None:
+        # `-m` takes every value after it, so `rundisagg -m a:1 b:2 prog.o.py` leaves the
+        # element file among the memories: take it back from there.
+        files = [m for m in args.memory if m.endswith(".py") or ":" not in m]
+        if not files:
+            parser.error("the following arguments are required: objectfile")
+        args.objectfile = files[-1]
+        args.memory.remove(files[-1])
     try:
         memories = [m for spec in args.memory for m in parse_memory_spec(spec, args.host)]
         result = run_element(args.objectfile, memories, args.dir, args.index, timeout=args.timeout)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import ipaddress
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -227,14 +229,17 @@ def run_dag(directory: str, output_dir: Optional[str] = None, jobs: Optional[int
     report = RunReport(output_dir=out_dir)
     reports: Dict[str, ElementReport] = {}
     servers: Dict[str, _native.MemoryServer] = {}
+    # Memory servers serve loopback clients only unless they have a token (protected
+    # mode): on another address, give this run's servers a token of their own.
+    token = None if _is_loopback(host) else secrets.token_hex(16)
     t0 = time.perf_counter()
     try:
         for m in dag.memory:
-            servers[m.name] = _native.MemoryServer(m.memory_bytes, f"{host}:0")
+            servers[m.name] = _native.MemoryServer(m.memory_bytes, f"{host}:0", token)
             reports[m.name] = ElementReport(m.name, "memory", status="served")
         for e in dag.compute:
             reports[e.name] = ElementReport(e.name, "compute", instances=e.parallelism)
-        _run_compute(dag, servers, out_dir, jobs, host, timeout, reports, log)
+        _run_compute(dag, servers, out_dir, jobs, host, timeout, reports, log, token)
         for e in dag.compute:
             if not any(e.name in dag.parents_of(c.name) for c in dag.compute):
                 report.results[e.name] = load_parent_outputs(out_dir, [e.name])[e.name]
@@ -249,8 +254,17 @@ def run_dag(directory: str, output_dir: Optional[str] = None, jobs: Optional[int
     return report
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _run_compute(dag: Dag, servers: Dict[str, Any], out_dir: str, jobs: int, host: str, timeout: float,
-                 reports: Dict[str, ElementReport], log) -> None:
+                 reports: Dict[str, ElementReport], log, token: Optional[str] = None) -> None:
     done: set = set()
     running: Dict[Future, str] = {}
     failed: List[str] = []
@@ -264,7 +278,7 @@ def _run_compute(dag: Dag, servers: Dict[str, Any], out_dir: str, jobs: int, hos
             for n in ready:
                 pending.remove(n)
                 running[pool.submit(_run_instances, dag.elements[n], servers, out_dir, host, timeout,
-                                    reports[n], log, slots)] = n
+                                    reports[n], log, slots, token)] = n
             if not running:
                 break
             finished, _ = wait(list(running), return_when=FIRST_EXCEPTION)
@@ -288,10 +302,12 @@ def _run_one(cmd: List[str], slots: threading.BoundedSemaphore) -> Tuple[int, st
 
 
 def _run_instances(e: Element, servers: Dict[str, Any], out_dir: str, host: str, timeout: float,
-                   rep: ElementReport, log, slots: threading.BoundedSemaphore) -> None:
+                   rep: ElementReport, log, slots: threading.BoundedSemaphore,
+                   token: Optional[str] = None) -> None:
     specs: List[str] = []
+    extra = f":tcp:token,{token}" if token else ""
     for mem in e.corunning:
-        specs += ["-m", f"{e.transport_of(mem)}:{servers[mem].port}"]
+        specs += ["-m", f"{e.transport_of(mem)}:{servers[mem].port}{extra}"]
     start = time.perf_counter()
     idx = list(range(e.parallelism)) if e.parallelism > 1 else [None]
     # Each instance is its own Python process: its own __OW_PAR, its own GIL.

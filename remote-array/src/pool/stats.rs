@@ -27,6 +27,9 @@ pub struct PoolStats {
     pub bytes_out: u64,
     /// Vectored fetch calls issued (one per memory element per batch).
     pub fetch_calls: u64,
+    /// Bytes [`crate::BufferPool::read_direct`] moved straight from memory elements into
+    /// callers' buffers, around the cache (also counted in `bytes_in`).
+    pub bytes_direct: u64,
 }
 
 impl PoolStats {
@@ -54,6 +57,7 @@ impl PoolStats {
             bytes_in: self.bytes_in.saturating_sub(earlier.bytes_in),
             bytes_out: self.bytes_out.saturating_sub(earlier.bytes_out),
             fetch_calls: self.fetch_calls.saturating_sub(earlier.fetch_calls),
+            bytes_direct: self.bytes_direct.saturating_sub(earlier.bytes_direct),
         }
     }
 }
@@ -90,7 +94,11 @@ impl fmt::Display for PoolStats {
             human_bytes(self.bytes_in),
             self.fetch_calls,
             human_bytes(self.bytes_out),
-        )
+        )?;
+        if self.bytes_direct > 0 {
+            write!(f, ", direct {}", human_bytes(self.bytes_direct))?;
+        }
+        Ok(())
     }
 }
 
@@ -106,6 +114,7 @@ pub(crate) struct Counters {
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub fetch_calls: AtomicU64,
+    pub bytes_direct: AtomicU64,
 }
 
 impl Counters {
@@ -127,6 +136,7 @@ impl Counters {
             bytes_in: l(&self.bytes_in),
             bytes_out: l(&self.bytes_out),
             fetch_calls: l(&self.fetch_calls),
+            bytes_direct: l(&self.bytes_direct),
         }
     }
 }
