@@ -167,7 +167,7 @@ fn unknown_tables_and_missing_references_are_reported() {
         Err(TpcdsError::DataMissing { .. })
     ));
     assert!(matches!(
-        set.reference("q2"),
+        set.reference("q100"),
         Err(TpcdsError::DataMissing { .. })
     ));
 }
