@@ -7,14 +7,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
-use arrow_schema::{ArrowError, DataType as ArrowType, Field, Schema as ArrowSchema, SchemaRef};
+use arrow_schema::{ArrowError, Field, Schema as ArrowSchema, SchemaRef};
 use polars::prelude::{PolarsError, SortMultipleOptions};
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use scad_remote_frame::{
-    dataframe_to_record_batches, record_batches_to_dataframe, Batches, ColumnType,
-    Error as FrameError, FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
+    dataframe_to_record_batches, record_batches_to_dataframe, Batches, Error as FrameError,
+    FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
 };
 
 use crate::arrow_ffi::{export_stream, import_stream};
@@ -192,39 +192,16 @@ impl PyFrameEnv {
     }
 }
 
-/// The Arrow type Polars exports for a stored column type.
-fn arrow_type(t: ColumnType) -> PyResult<ArrowType> {
-    Ok(match t {
-        ColumnType::Boolean => ArrowType::Boolean,
-        ColumnType::Int8 => ArrowType::Int8,
-        ColumnType::Int16 => ArrowType::Int16,
-        ColumnType::Int32 => ArrowType::Int32,
-        ColumnType::Int64 => ArrowType::Int64,
-        ColumnType::UInt8 => ArrowType::UInt8,
-        ColumnType::UInt16 => ArrowType::UInt16,
-        ColumnType::UInt32 => ArrowType::UInt32,
-        ColumnType::UInt64 => ArrowType::UInt64,
-        ColumnType::Float32 => ArrowType::Float32,
-        ColumnType::Float64 => ArrowType::Float64,
-        ColumnType::Date => ArrowType::Date32,
-        ColumnType::Decimal { precision, scale } => {
-            let p = u8::try_from(precision)
-                .map_err(|_| PyValueError::new_err("decimal precision above 255"))?;
-            let s = i8::try_from(scale)
-                .map_err(|_| PyValueError::new_err("decimal scale above 127"))?;
-            ArrowType::Decimal128(p, s)
-        }
-        ColumnType::String => ArrowType::Utf8View,
-        ColumnType::Null => ArrowType::Null,
-    })
-}
-
 fn arrow_schema(meta: &FrameMeta, columns: &[usize]) -> PyResult<SchemaRef> {
     let fields = columns
         .iter()
         .map(|&i| {
             let c = &meta.schema[i];
-            Ok(Field::new(c.name.clone(), arrow_type(c.dtype)?, true))
+            Ok(Field::new(
+                c.name.clone(),
+                c.dtype.arrow_type().map_err(frame_err)?,
+                true,
+            ))
         })
         .collect::<PyResult<Vec<_>>>()?;
     Ok(Arc::new(ArrowSchema::new(fields)))

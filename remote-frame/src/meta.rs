@@ -56,6 +56,40 @@ pub enum ColumnType {
 }
 
 impl ColumnType {
+    /// The arrow-rs type a stored column is read as (Polars' own export of it:
+    /// strings as views, dates as `Date32`, decimals as `Decimal128`).
+    ///
+    /// # Errors
+    /// [`Error::Meta`] for a decimal beyond `Decimal128` (precision above 38, or a
+    /// scale above the precision).
+    pub fn arrow_type(self) -> Result<arrow_schema::DataType> {
+        use arrow_schema::DataType as A;
+        Ok(match self {
+            ColumnType::Boolean => A::Boolean,
+            ColumnType::Int8 => A::Int8,
+            ColumnType::Int16 => A::Int16,
+            ColumnType::Int32 => A::Int32,
+            ColumnType::Int64 => A::Int64,
+            ColumnType::UInt8 => A::UInt8,
+            ColumnType::UInt16 => A::UInt16,
+            ColumnType::UInt32 => A::UInt32,
+            ColumnType::UInt64 => A::UInt64,
+            ColumnType::Float32 => A::Float32,
+            ColumnType::Float64 => A::Float64,
+            ColumnType::Date => A::Date32,
+            ColumnType::Decimal { precision, scale } => {
+                if precision > 38 || scale > precision {
+                    return Err(Error::Meta(format!(
+                        "decimal({precision},{scale}) does not fit Decimal128 (precision at most 38, scale at most the precision)"
+                    )));
+                }
+                A::Decimal128(precision as u8, scale as i8)
+            }
+            ColumnType::String => A::Utf8View,
+            ColumnType::Null => A::Null,
+        })
+    }
+
     /// Bytes per value of the values buffer, for fixed-width types.
     pub fn width(self) -> Option<u64> {
         use ColumnType::*;
@@ -322,4 +356,32 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_map_to_decimal128_or_are_refused() {
+        let ok = ColumnType::Decimal {
+            precision: 7,
+            scale: 2,
+        };
+        assert_eq!(
+            ok.arrow_type().ok(),
+            Some(arrow_schema::DataType::Decimal128(7, 2))
+        );
+        for (precision, scale) in [(39, 2), (300, 2), (5, 6)] {
+            let err = ColumnType::Decimal { precision, scale }.arrow_type();
+            assert!(
+                matches!(&err, Err(Error::Meta(m)) if m.contains(&format!("decimal({precision},{scale})"))),
+                "{err:?}"
+            );
+        }
+        assert_eq!(
+            ColumnType::String.arrow_type().ok(),
+            Some(arrow_schema::DataType::Utf8View)
+        );
+    }
 }

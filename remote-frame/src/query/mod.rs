@@ -295,7 +295,7 @@ impl QuerySession {
             ));
         }
         self.ctx
-            .register_table(name, Arc::new(RemoteTable::new(frame.clone())))
+            .register_table(name, Arc::new(RemoteTable::new(frame.clone())?))
             .map_err(query_error)?;
         self.tables
             .lock()

@@ -32,31 +32,7 @@ use futures::StreamExt;
 
 use crate::frame::RemoteFrame;
 use crate::interop;
-use crate::meta::{chunk_column_bytes, ColumnType};
-
-/// The Arrow type a stored column is read as.
-pub(crate) fn arrow_type(t: ColumnType) -> DataType {
-    match t {
-        ColumnType::Boolean => DataType::Boolean,
-        ColumnType::Int8 => DataType::Int8,
-        ColumnType::Int16 => DataType::Int16,
-        ColumnType::Int32 => DataType::Int32,
-        ColumnType::Int64 => DataType::Int64,
-        ColumnType::UInt8 => DataType::UInt8,
-        ColumnType::UInt16 => DataType::UInt16,
-        ColumnType::UInt32 => DataType::UInt32,
-        ColumnType::UInt64 => DataType::UInt64,
-        ColumnType::Float32 => DataType::Float32,
-        ColumnType::Float64 => DataType::Float64,
-        ColumnType::Date => DataType::Date32,
-        // Precision and scale are at most 38 (checked when a frame is opened).
-        ColumnType::Decimal { precision, scale } => {
-            DataType::Decimal128(precision.min(38) as u8, scale.min(38) as i8)
-        }
-        ColumnType::String => DataType::Utf8View,
-        ColumnType::Null => DataType::Null,
-    }
-}
+use crate::meta::chunk_column_bytes;
 
 /// A [`RemoteFrame`] as a DataFusion table.
 #[derive(Debug)]
@@ -66,17 +42,19 @@ pub(crate) struct RemoteTable {
 }
 
 impl RemoteTable {
-    pub(crate) fn new(frame: RemoteFrame) -> Self {
-        let fields: Vec<Field> = frame
+    /// # Errors
+    /// As [`crate::ColumnType::arrow_type`].
+    pub(crate) fn new(frame: RemoteFrame) -> crate::Result<Self> {
+        let fields = frame
             .meta()
             .schema
             .iter()
-            .map(|c| Field::new(&c.name, arrow_type(c.dtype), true))
-            .collect();
-        RemoteTable {
+            .map(|c| Ok(Field::new(&c.name, c.dtype.arrow_type()?, true)))
+            .collect::<crate::Result<Vec<Field>>>()?;
+        Ok(RemoteTable {
             frame,
             schema: Arc::new(Schema::new(fields)),
-        }
+        })
     }
 }
 
