@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate TPC-DS data and DuckDB reference answers for Scad's TPC-DS pipelines.
+"""Generate TPC-DS data and DuckDB reference answers for Scad's TPC-DS runs.
 
 Uses the real TPC-DS generator (dsdgen) as shipped in the PyPI package
 ``duckdb-extension-tpcds``: the extension file inside that package is loaded by path, so
@@ -7,7 +7,7 @@ nothing is downloaded at run time.
 
 Layout under ``<out>/sf<SF>/``:
 
-* ``parquet/<table>.parquet``  every table as Parquet (read by the Rust pipelines);
+* ``parquet/<table>.parquet``  every table as Parquet (loaded into memory elements);
 * ``text/<table>.dat``         every table as ``|``-delimited text without a header, in
                                dsdgen's own ``.dat`` style (each line ends with ``|``,
                                NULL is an empty field), for original-style Python programs;
@@ -16,8 +16,10 @@ Layout under ``<out>/sf<SF>/``:
 
 A second run with the same scale factor and generator versions reuses the data (the
 manifest is the cache key); references missing from the manifest are added without
-regenerating the tables.  ``--bench`` also times DuckDB in memory on each query, with the
-load time (Parquet into in-memory tables) reported apart from the query time.
+regenerating the tables.  ``--bench`` also times DuckDB on each query (all 99, or
+``--queries``): in memory, with the load time (Parquet into in-memory tables) reported
+apart from the query time, or with ``--memory-limit`` reading the Parquet files under that
+limit (DuckDB's own spilling); a query it cannot finish is reported with its error.
 
 Run inside the repository's virtual environment (``bash scripts/setup.sh`` creates it)::
 
@@ -31,7 +33,6 @@ import argparse
 import glob
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -54,40 +55,6 @@ QUIET = False
 
 #: The official queries whose reference answers are written: all 99 of TPC-DS.
 OFFICIAL_QUERIES = tuple(range(1, 100))
-
-#: The queries --bench times (the original Scad pipelines' four).
-BENCH_QUERIES = (1, 16, 94, 95)
-
-#: Reference queries beyond the official ones: the official text with some literals
-#: replaced, so that at small scale factors (where the official q16/q94/q95 match no
-#: rows) the pipelines are still checked on non-empty results.  Each entry is
-#: name -> (query number, [(official literal, replacement), ...]).  The Rust crate's
-#: query parameter structs carry the same values (`Q16Params::wide()` etc.).
-VARIANT_QUERIES: dict[str, tuple[int, list[tuple[str, str]]]] = {
-    "q16_wide": (
-        16,
-        [("'2002-02-01'", "'1999-01-01'"), ("'2002-04-02'", "'2002-12-31'")],
-    ),
-    "q94_wide": (
-        94,
-        [
-            ("'1999-02-01'", "'1999-01-01'"),
-            ("'1999-04-02'", "'2002-12-31'"),
-            ("ca_state = 'IL'", "ca_state = 'GA'"),
-            ("web_company_name = 'pri'", "web_company_name = 'cally'"),
-        ],
-    ),
-    "q95_wide": (
-        95,
-        [
-            ("'1999-02-01'", "'1999-01-01'"),
-            ("'1999-04-02'", "'2002-12-31'"),
-            ("ca_state = 'IL'", "ca_state = 'GA'"),
-            ("web_company_name = 'pri'", "web_company_name = 'cally'"),
-        ],
-    ),
-}
-
 
 def sf_dir_name(sf: float, spread_warehouses: int) -> str:
     """Directory name for a data set: sf1, sf0.1, sf0.01, sf0.01-wh5 (see --spread-warehouses)."""
@@ -138,22 +105,13 @@ def generator_version() -> dict[str, str]:
 
 
 def query_texts(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """Official query texts (from tpcds_queries()) and the variants derived from them."""
+    """The official query texts (from tpcds_queries()) by name, ``q1`` to ``q99``."""
     texts: dict[str, str] = {}
-    official: dict[int, str] = {}
     for nr in OFFICIAL_QUERIES:
         row = con.execute("SELECT query FROM tpcds_queries() WHERE query_nr = ?", [nr]).fetchone()
         if row is None:
             sys.exit(f"gen_data.py: tpcds_queries() has no query {nr}")
-        official[nr] = row[0]
         texts[f"q{nr}"] = row[0]
-    for name, (nr, substitutions) in VARIANT_QUERIES.items():
-        text = official[nr]
-        for old, new in substitutions:
-            if old not in text:
-                sys.exit(f"gen_data.py: variant {name}: {old!r} not in the text of query {nr}")
-            text = text.replace(old, new)
-        texts[name] = text
     return texts
 
 
@@ -235,31 +193,18 @@ def generate_tables(root: Path, sf: float, text: bool, spread_warehouses: int) -
     return counts
 
 
-def load_parquet(root: Path, tables: list[str]) -> tuple[duckdb.DuckDBPyConnection, float]:
-    """An in-memory DuckDB holding the given tables, loaded from Parquet; returns load seconds."""
+def load_parquet(
+    root: Path, tables: list[str], views: bool = False
+) -> tuple[duckdb.DuckDBPyConnection, float]:
+    """A DuckDB holding the given tables loaded from Parquet into memory (or, with
+    ``views``, reading the Parquet files where they are); returns the load seconds."""
     con = connect_with_tpcds()
     start = time.perf_counter()
+    kind = "VIEW" if views else "TABLE"
     for table in tables:
         pq = root / "parquet" / f"{table}.parquet"
-        con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet('{pq}')")
+        con.execute(f"CREATE {kind} {table} AS SELECT * FROM read_parquet('{pq}')")
     return con, time.perf_counter() - start
-
-
-#: Tables each benchmarked query reads (so the benchmark loads only what it needs);
-#: references for other queries load every table.
-QUERY_TABLES = {
-    1: ["store_returns", "date_dim", "store", "customer"],
-    16: ["catalog_sales", "catalog_returns", "date_dim", "customer_address", "call_center"],
-    94: ["web_sales", "web_returns", "date_dim", "customer_address", "web_site"],
-    95: ["web_sales", "web_returns", "date_dim", "customer_address", "web_site"],
-}
-
-
-def query_number(name: str) -> int:
-    match = re.fullmatch(r"q(\d+)(_\w+)?", name)
-    if not match:
-        raise ValueError(name)
-    return int(match.group(1))
 
 
 def write_references(root: Path, texts: dict[str, str], names: list[str], tables: list[str]) -> dict:
@@ -284,32 +229,51 @@ def write_references(root: Path, texts: dict[str, str], names: list[str], tables
     return out
 
 
-def bench(root: Path, texts: dict[str, str], repeats: int) -> list[dict]:
-    """Time DuckDB in memory on each official query: load apart, then query repeats."""
+def bench(
+    root: Path,
+    texts: dict[str, str],
+    tables: list[str],
+    queries: list[int],
+    repeats: int,
+    memory_limit: str | None = None,
+) -> list[dict]:
+    """Time DuckDB on each query, load apart: the tables in memory, or with
+    ``memory_limit`` read from Parquet under that limit (DuckDB spilling to a temporary
+    directory). A query DuckDB cannot finish is reported with its error."""
+    con, load_s = load_parquet(root, tables, views=memory_limit is not None)
+    engine = "duckdb_in_memory"
+    if memory_limit is not None:
+        engine = "duckdb_memory_limit"
+        spill = root / "duckdb_spill"
+        spill.mkdir(exist_ok=True)
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+        con.execute(f"SET temp_directory = '{spill}'")
     results = []
-    for nr in tqdm(BENCH_QUERIES, desc="duckdb in memory", unit="query", disable=QUIET):
-        con, load_s = load_parquet(root, QUERY_TABLES[nr])
+    for nr in tqdm(queries, desc=engine.replace("_", " "), unit="query", disable=QUIET):
         sql = texts[f"q{nr}"].strip().rstrip(";")
-        con.execute(sql).fetchall()  # warm-up, not timed
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            rows = con.execute(sql).fetchall()
-            times.append(time.perf_counter() - start)
-        con.close()
-        results.append(
-            {
-                "engine": "duckdb_in_memory",
-                "query": f"q{nr}",
-                "load_s": load_s,
-                "query_s_median": statistics.median(times),
-                "query_s_min": min(times),
-                "query_s_max": max(times),
-                "query_s_all": times,
-                "rows": len(rows),
-                "threads": con_threads(),
-            }
+        result = {"engine": engine, "query": f"q{nr}", "load_s": load_s, "threads": con_threads()}
+        if memory_limit is not None:
+            result["memory_limit"] = memory_limit
+        try:
+            con.execute(sql).fetchall()  # warm-up, not timed
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                rows = con.execute(sql).fetchall()
+                times.append(time.perf_counter() - start)
+        except duckdb.Error as exc:
+            result["error"] = str(exc).splitlines()[0]
+            results.append(result)
+            continue
+        result.update(
+            query_s_median=statistics.median(times),
+            query_s_min=min(times),
+            query_s_max=max(times),
+            query_s_all=times,
+            rows=len(rows),
         )
+        results.append(result)
+    con.close()
     return results
 
 
@@ -318,6 +282,17 @@ def con_threads() -> int:
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     con.close()
     return int(threads)
+
+
+def query_list(text: str) -> list[int]:
+    """``1,16,q94`` -> [1, 16, 94]; every number an official query."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().removeprefix("q")
+        if not part.isdigit() or int(part) not in OFFICIAL_QUERIES:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a TPC-DS query number (1-99)")
+        out.append(int(part))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,6 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", action="store_true", help="time DuckDB in memory per query")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per query (--bench)")
     parser.add_argument("--bench-json", type=Path, help="write --bench results here (JSON)")
+    parser.add_argument(
+        "--queries",
+        type=query_list,
+        default=list(OFFICIAL_QUERIES),
+        help="queries --bench times, e.g. 1,16,94 (default: all 99)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        help="--bench with DuckDB's memory_limit (e.g. 25MB), reading the Parquet files",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if not args.sf > 0:
@@ -385,17 +370,19 @@ def main(argv: list[str] | None = None) -> int:
         or (root / "reference" / f"{name}.sql").read_text() != texts[name]
     ]
     if missing:
-        numbers = {query_number(n) for n in missing}
-        if numbers <= set(QUERY_TABLES):
-            needed = sorted({t for nr in numbers for t in QUERY_TABLES[nr]})
-        else:
-            needed = sorted(manifest["tables"])
-        refs.update(write_references(root, texts, missing, needed))
+        refs.update(write_references(root, texts, missing, sorted(manifest["tables"])))
         manifest["references"] = refs
         write_manifest(manifest_path, manifest)
 
     if args.bench:
-        results = bench(root, texts, args.repeats)
+        results = bench(
+            root,
+            texts,
+            sorted(manifest["tables"]),
+            args.queries,
+            args.repeats,
+            args.memory_limit,
+        )
         for r in results:
             r["sf"] = args.sf
             r["generator"] = versions
@@ -404,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.bench_json, "w") as f:
                 json.dump(results, f, indent=2)
         for r in results:
+            if "error" in r:
+                print(f"{r['query']}: failed: {r['error']}")
+                continue
             print(
                 f"{r['query']}: load {r['load_s']:.3f} s, query median {r['query_s_median'] * 1e3:.1f} ms "
                 f"(min {r['query_s_min'] * 1e3:.1f}, max {r['query_s_max'] * 1e3:.1f}), {r['rows']} rows"

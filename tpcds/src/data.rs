@@ -10,7 +10,6 @@ use polars::prelude::*;
 use serde::Deserialize;
 
 use crate::error::{PolarsContext, TpcdsError};
-use crate::pipeline::InMemoryTables;
 
 /// The repository root (the parent of this crate's directory), where `.venv`,
 /// `tpcds/gen_data.py` and `data/` live.
@@ -203,21 +202,6 @@ impl DataSet {
             &self.parquet_path(table),
             columns.map(|c| c.iter().map(|s| s.to_string()).collect()),
         )
-    }
-
-    /// Loads the given tables (each projected to its columns) into memory.
-    ///
-    /// # Errors
-    /// As [`DataSet::read_table`].
-    pub fn load(
-        &self,
-        tables: &BTreeMap<&'static str, Vec<&'static str>>,
-    ) -> Result<InMemoryTables, TpcdsError> {
-        let mut out = InMemoryTables::new();
-        for (table, columns) in tables {
-            out.insert(*table, self.read_table(table, Some(columns))?);
-        }
-        Ok(out)
     }
 
     /// DuckDB's answer to `query`.

@@ -1,11 +1,14 @@
 //! TPC-DS on the query engine: the official query text (as DuckDB's `tpcds_queries()`
 //! gives it, saved beside each reference answer) run by
-//! [`scad_remote_frame::QuerySession`] over tables loaded into memory elements.
+//! [`scad_remote_frame::QuerySession`] over tables in memory elements, each answer
+//! compared with DuckDB's by value.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
-use scad_remote_frame::{FrameEnv, QuerySession, RemoteFrame};
+use scad_remote_frame::{FrameEnv, QuerySession, QueryStats, RemoteFrame};
 
+use crate::compare::compare_values;
 use crate::data::DataSet;
 use crate::error::TpcdsError;
 
@@ -14,7 +17,44 @@ pub fn official_queries() -> Vec<String> {
     (1..=99).map(|n| format!("q{n}")).collect()
 }
 
-/// The SQL text of `query` (`q1`..`q99`, or a test variant such as `q16_wide`).
+/// Query names from a command line: `1`, `q16`, `Q94` (each 1..=99), in the order
+/// given, duplicates dropped.
+///
+/// # Errors
+/// [`TpcdsError::UnknownQuery`] naming the first that is not a TPC-DS query.
+pub fn parse_queries<S: AsRef<str>>(items: &[S]) -> Result<Vec<String>, TpcdsError> {
+    let mut out: Vec<String> = Vec::new();
+    for item in items {
+        let text = item.as_ref().trim();
+        let digits = text
+            .strip_prefix('q')
+            .or_else(|| text.strip_prefix('Q'))
+            .unwrap_or(text);
+        let n: u32 = digits
+            .parse()
+            .ok()
+            .filter(|n| (1..=99).contains(n))
+            .ok_or_else(|| TpcdsError::UnknownQuery(text.to_string()))?;
+        let name = format!("q{n}");
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
+/// The number of a query name (`q16` → 16).
+///
+/// # Errors
+/// [`TpcdsError::UnknownQuery`].
+pub fn query_number(name: &str) -> Result<u32, TpcdsError> {
+    parse_queries(&[name])?
+        .first()
+        .and_then(|q| q[1..].parse().ok())
+        .ok_or_else(|| TpcdsError::UnknownQuery(name.to_string()))
+}
+
+/// The SQL text of `query` (`q1`..`q99`).
 ///
 /// # Errors
 /// [`TpcdsError::DataMissing`] when the data set has no such reference.
@@ -24,26 +64,6 @@ pub fn query_sql(set: &DataSet, query: &str) -> Result<String, TpcdsError> {
         path,
         hint: "rerun tpcds/gen_data.py to write the reference answers".into(),
     })
-}
-
-/// Loads every table of the data set into memory elements as RemoteFrames.
-///
-/// # Errors
-/// Errors reading the Parquet files or writing the frames.
-pub fn load_frames(
-    env: &FrameEnv,
-    set: &DataSet,
-) -> Result<BTreeMap<String, RemoteFrame>, TpcdsError> {
-    let mut out = BTreeMap::new();
-    for table in set.manifest.tables.keys() {
-        let df = set.read_table(table, None)?;
-        let frame = RemoteFrame::from_polars(env, &df).map_err(|e| TpcdsError::Frame {
-            what: format!("loading table {table}"),
-            source: Box::new(e),
-        })?;
-        out.insert(table.clone(), frame);
-    }
-    Ok(out)
 }
 
 /// A session over `env` with every frame registered under its table name.
@@ -63,4 +83,79 @@ pub fn session(
         s.register(name, frame).map_err(wrap)?;
     }
     Ok(s)
+}
+
+/// One query's run: its answer checked against DuckDB's, or why it failed.
+#[derive(Debug, Clone)]
+pub struct QueryRun {
+    /// Query name (`q1`).
+    pub query: String,
+    /// Wall time, planning and execution (and, for the stage-per-process mode,
+    /// starting the processes), not the comparison.
+    pub secs: f64,
+    /// The engine's statistics (`None` when the query failed).
+    pub stats: Option<QueryStats>,
+    /// `None` if the answer equals DuckDB's; else the failure or the difference.
+    pub error: Option<String>,
+}
+
+impl QueryRun {
+    /// Whether the answer equals DuckDB's.
+    pub fn equal(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+/// Runs `query` in `session` and compares its answer with the data set's reference.
+///
+/// # Errors
+/// Only a missing query text or reference; the query's own failures and differences
+/// are reported in [`QueryRun::error`].
+pub fn run_query(
+    session: &QuerySession,
+    set: &DataSet,
+    query: &str,
+) -> Result<QueryRun, TpcdsError> {
+    let sql = query_sql(set, query)?;
+    let reference = set.reference(query)?;
+    let start = Instant::now();
+    let outcome = session.sql(&sql);
+    let secs = start.elapsed().as_secs_f64();
+    let (stats, error) = match outcome {
+        Ok(out) => {
+            let checked = out
+                .to_polars()
+                .map_err(|e| e.to_string())
+                .and_then(|df| {
+                    compare_values(&df, &reference, out.ordered()).map_err(|e| e.to_string())
+                });
+            (Some(*out.stats()), checked.err())
+        }
+        Err(e) => (None, Some(e.to_string())),
+    };
+    Ok(QueryRun {
+        query: query.to_string(),
+        secs,
+        stats,
+        error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_lists_parse_numbers_and_names() {
+        assert_eq!(
+            parse_queries(&["1", "q16", "Q94", " 95 ", "q1"]).unwrap(),
+            ["q1", "q16", "q94", "q95"]
+        );
+        assert_eq!(query_number("q72").unwrap(), 72);
+        for bad in ["0", "100", "q", "x1", "q1a", ""] {
+            let err = parse_queries(&[bad]).unwrap_err();
+            assert!(err.to_string().contains("1 to 99"), "{bad}: {err}");
+        }
+        assert_eq!(official_queries().len(), 99);
+    }
 }

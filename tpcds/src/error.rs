@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong loading TPC-DS data, running a pipeline or comparing a
-/// result with DuckDB's reference answer.
+/// Everything that can go wrong loading TPC-DS data, running a query or comparing an
+/// answer with DuckDB's reference answer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TpcdsError {
@@ -35,30 +35,14 @@ pub enum TpcdsError {
         /// What is wrong with it.
         message: String,
     },
-    /// A Polars operation failed inside a step (or while loading a table).
+    /// A Polars operation failed (reading a table or a reference, comparing).
     #[error("{context}: {source}")]
     Polars {
-        /// Which step or table.
+        /// What was being done.
         context: String,
         /// Underlying Polars error.
         #[source]
         source: polars::error::PolarsError,
-    },
-    /// A step asked for an input that its pipeline does not provide.
-    #[error("step {step}: no input named {input}")]
-    MissingInput {
-        /// Step name.
-        step: String,
-        /// Input name.
-        input: String,
-    },
-    /// A pipeline is malformed (unknown parent, duplicate step, no steps).
-    #[error("pipeline {pipeline}: {message}")]
-    BadPipeline {
-        /// Pipeline name.
-        pipeline: String,
-        /// What is wrong.
-        message: String,
     },
     /// A result differs from the reference answer.
     #[error("result differs from the reference: {0}")]
@@ -72,8 +56,11 @@ pub enum TpcdsError {
         #[source]
         source: Box<scad_remote_frame::Error>,
     },
+    /// A command-line value or argument is malformed.
+    #[error("{0}")]
+    Invalid(String),
     /// An unknown query name was given.
-    #[error("unknown query {0:?} (known: q1, q16, q94, q95 and their _wide variants)")]
+    #[error("unknown query {0:?}: TPC-DS has queries 1 to 99 (q1 .. q99)")]
     UnknownQuery(String),
 }
 

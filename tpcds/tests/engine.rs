@@ -3,15 +3,11 @@
 //! data/tpcds), compared with DuckDB's answers by value.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use scad_core::server::{MemoryServer, ServerConfig};
-use scad_core::transport::{TcpOptions, TcpTransport};
-use scad_remote_array::{BufferPool, RemoteStore};
-use scad_remote_frame::FrameEnv;
-use scad_tpcds::compare::compare_values;
 use scad_tpcds::data::{generate, DataSet, GenerateOptions};
-use scad_tpcds::engine::{load_frames, official_queries, query_sql, session};
+use scad_tpcds::engine::{official_queries, run_query, session};
+use scad_tpcds::remote::{load_tables, Cluster, TransportKind};
 
 fn data_set() -> &'static DataSet {
     static SET: OnceLock<DataSet> = OnceLock::new();
@@ -22,18 +18,11 @@ fn data_set() -> &'static DataSet {
     })
 }
 
-/// Two embedded tcp memory servers and an env over them with small chunks.
-fn env() -> (Vec<MemoryServer>, FrameEnv) {
-    let pool = Arc::new(BufferPool::builder(1 << 20).build().unwrap());
-    let store = Arc::new(RemoteStore::new(pool));
-    let mut servers = Vec::new();
-    for k in 0..2 {
-        let s = MemoryServer::start("127.0.0.1:0", 256 << 20, ServerConfig::default()).unwrap();
-        let t = TcpTransport::connect(&s.local_addr().to_string(), TcpOptions::default()).unwrap();
-        store.add_element(&format!("mem{k}"), Arc::new(t)).unwrap();
-        servers.push(s);
-    }
-    (servers, FrameEnv::new(store).with_chunk_rows(4096))
+/// Two embedded tcp memory servers, small chunks.
+fn cluster() -> Cluster {
+    let mut c = Cluster::embedded(TransportKind::Tcp, 2, 256 << 20).unwrap();
+    c.set_chunk_rows(4096);
+    c
 }
 
 /// Runs every official query at a budget of `budget` × the largest table's bytes
@@ -42,30 +31,26 @@ fn env() -> (Vec<MemoryServer>, FrameEnv) {
 /// spill memory is left behind; returns the queries that spilled.
 fn run_all(budget: Option<f64>) -> Vec<String> {
     let set = data_set();
-    let (_servers, env) = env();
-    let frames = load_frames(&env, set).unwrap();
+    let cluster = cluster();
+    let tables = load_tables(&cluster, set, None).unwrap();
     // The budget: a fraction of the largest table.
-    let largest = frames.values().map(|f| f.data_bytes()).max().unwrap();
+    let largest = tables.largest_bytes();
     let budget = budget.map(|fraction| (largest as f64 * fraction) as u64);
     let env = match budget {
-        Some(b) => env.with_budget(b),
-        None => env,
+        Some(b) => cluster.env().with_budget(b),
+        None => cluster.env().clone(),
     };
-    let session = session(&env, &frames).unwrap();
+    let session = session(&env, &tables.open(&cluster).unwrap()).unwrap();
     let mut failures = Vec::new();
     let mut spilled = Vec::new();
     let mut aggregate_gaps = Vec::new();
     for q in official_queries() {
-        let sql = query_sql(set, &q).unwrap();
-        let outcome = session
-            .sql(&sql)
-            .map_err(|e| e.to_string())
-            .and_then(|out| {
-                let df = out.to_polars().map_err(|e| e.to_string())?;
-                compare_values(&df, &set.reference(&q).unwrap(), out.ordered())
-                    .map_err(|e| e.to_string())?;
-                Ok(*out.stats())
-            });
+        let run = run_query(&session, set, &q).unwrap();
+        let outcome = match (run.stats, run.error) {
+            (Some(stats), None) => Ok(stats),
+            (_, Some(e)) => Err(e),
+            (None, None) => unreachable!("a run without stats failed"),
+        };
         match outcome {
             Ok(stats) => {
                 if let Some(b) = budget {

@@ -1,4 +1,4 @@
-//! Helpers of the main job and the benchmark: DuckDB's in-memory timings (from
+//! Helpers of the main job and the benchmark: DuckDB's timings (from
 //! `tpcds/gen_data.py --bench`, run now on the same data) and a private
 //! `redis-server` for the Redis-backed runs.
 
@@ -13,29 +13,42 @@ use crate::data::repo_root;
 
 use super::error::RemoteError;
 
-/// DuckDB's in-memory time for one query, measured by `gen_data.py --bench`.
+/// DuckDB's time for one query, measured by `gen_data.py --bench`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct DuckDbTiming {
     /// Query name (`q1`, ...).
     pub query: String,
-    /// Seconds to load the query's tables from Parquet into DuckDB.
+    /// Seconds to load the tables from Parquet into DuckDB (in memory), or to create
+    /// views over the Parquet files (with a memory limit).
     pub load_s: f64,
-    /// Median query time in seconds.
-    pub query_s_median: f64,
+    /// Median query time in seconds (`None` if DuckDB failed).
+    #[serde(default)]
+    pub query_s_median: Option<f64>,
     /// Fastest run.
-    pub query_s_min: f64,
+    #[serde(default)]
+    pub query_s_min: Option<f64>,
     /// Slowest run.
-    pub query_s_max: f64,
+    #[serde(default)]
+    pub query_s_max: Option<f64>,
     /// DuckDB's threads.
     pub threads: u64,
+    /// Why DuckDB could not finish the query (e.g. out of memory under a limit).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
-/// Runs `tpcds/gen_data.py --sf SF --bench --repeats N` (DuckDB in memory, the
-/// official queries, load apart from query time) and returns its timings.
+/// Runs `tpcds/gen_data.py --sf SF --bench` on `queries` with `repeats` timed runs
+/// each (after a warm-up run): DuckDB in memory, or under `memory_limit` (e.g.
+/// `25MB`) reading the Parquet files; load time apart from query time.
 ///
 /// # Errors
 /// [`RemoteError::Invalid`] if the venv is missing or the script fails.
-pub fn duckdb_timings(sf: f64, repeats: usize) -> Result<Vec<DuckDbTiming>, RemoteError> {
+pub fn duckdb_timings(
+    sf: f64,
+    queries: &[String],
+    repeats: usize,
+    memory_limit: Option<&str>,
+) -> Result<Vec<DuckDbTiming>, RemoteError> {
     let root = repo_root();
     let python = root.join(".venv").join("bin").join("python");
     if !python.exists() {
@@ -46,14 +59,19 @@ pub fn duckdb_timings(sf: f64, repeats: usize) -> Result<Vec<DuckDbTiming>, Remo
     }
     let json: PathBuf =
         std::env::temp_dir().join(format!("tpcds-duckdb-{}.json", std::process::id()));
-    let out = Command::new(&python)
-        .arg(root.join("tpcds").join("gen_data.py"))
+    let mut cmd = Command::new(&python);
+    cmd.arg(root.join("tpcds").join("gen_data.py"))
         .args(["--sf", &sf.to_string(), "--no-text", "--quiet", "--bench"])
         .args(["--repeats", &repeats.max(1).to_string()])
+        .args(["--queries", &queries.join(",")])
         .arg("--out")
         .arg(root.join("data").join("tpcds"))
         .arg("--bench-json")
-        .arg(&json)
+        .arg(&json);
+    if let Some(limit) = memory_limit {
+        cmd.args(["--memory-limit", limit]);
+    }
+    let out = cmd
         .output()
         .map_err(|e| RemoteError::Invalid(format!("running gen_data.py --bench: {e}")))?;
     if !out.status.success() {

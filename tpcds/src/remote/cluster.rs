@@ -1,4 +1,4 @@
-//! [`Cluster`]: the memory elements a pipeline runs over — embedded memory servers,
+//! [`Cluster`]: the memory elements queries run over — embedded memory servers,
 //! running `memory_server` processes, shared memory, local memory or Redis — as one
 //! [`RemoteStore`] and the transports to its elements.
 
@@ -232,7 +232,7 @@ impl Cluster {
         )))
     }
 
-    /// The environment (unlimited budget; steps derive budgeted ones from it).
+    /// The environment (unlimited budget; queries derive budgeted ones from it).
     pub fn env(&self) -> &FrameEnv {
         &self.env
     }
@@ -278,7 +278,7 @@ impl Cluster {
     }
 
     /// Moves every element's allocator past the frames and seals of `handoffs`, so
-    /// that a step running in a new process does not allocate over frames other steps
+    /// that a stage running in a new process does not allocate over frames other stages
     /// wrote (it knows them only by their handoffs).
     ///
     /// # Errors

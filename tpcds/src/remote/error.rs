@@ -1,9 +1,9 @@
-//! The error type of the pipelines over memory elements.
+//! The error type of runs over memory elements.
 
 use crate::error::TpcdsError;
 
-/// Everything that can go wrong running a pipeline over memory elements: the data set,
-/// a step's kernels, a transport, or a handoff (metadata JSON) that is malformed or no
+/// Everything that can go wrong running queries over memory elements: the data set,
+/// a query, a transport, or a handoff (metadata JSON) that is malformed or no
 /// longer describes what is in memory.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -11,10 +11,10 @@ pub enum RemoteError {
     /// Loading data, reading references, comparing results.
     #[error(transparent)]
     Tpcds(#[from] TpcdsError),
-    /// A remote-frame kernel (or opening a frame) failed.
+    /// The query engine (or opening a frame) failed.
     #[error("{context}: {source}")]
     Frame {
-        /// Which step and input, or which table.
+        /// Which stage and input, or which table.
         context: String,
         /// Underlying error.
         #[source]
@@ -50,14 +50,14 @@ pub enum RemoteError {
     /// A handoff names memory that no longer holds its frame (freed or overwritten).
     #[error("{context}: stale frame of {producer}: {reason}")]
     Stale {
-        /// Which step input.
+        /// Which stage input.
         context: String,
         /// Step or table that wrote the frame.
         producer: String,
         /// What did not match.
         reason: String,
     },
-    /// A step's inputs do not fit its definition (missing input, unknown step).
+    /// A malformed argument, a missing input, an unknown stage.
     #[error("{0}")]
     Invalid(String),
 }

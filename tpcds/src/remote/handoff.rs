@@ -1,9 +1,9 @@
-//! [`Handoff`]: what one step hands the next — its frame's metadata plus a seal that
+//! [`Handoff`]: what one process hands the next — its frame's metadata plus a seal that
 //! proves the memory still holds that frame.
 //!
 //! A frame's metadata alone cannot tell whether its memory was freed and reused, or
-//! overwritten, since it was written: the next step would read someone else's bytes
-//! as data (fixed-width columns have no structure to catch it). So every frame a step
+//! overwritten, since it was written: the next stage would read someone else's bytes
+//! as data (fixed-width columns have no structure to catch it). So every frame a stage
 //! hands on gets a 64-byte *seal* in a memory element of its own: a magic word, a
 //! random nonce, the row count and a hash of the metadata, plus in the handoff a
 //! fingerprint of the first bytes of every chunk. Opening a handoff checks both (one
@@ -39,7 +39,7 @@ pub struct Seal {
     pub chunk_heads: Vec<u64>,
 }
 
-/// A frame handed from one step (or the table loader) to the next, as JSON.
+/// A frame handed from one stage (or the table loader) to the next, as JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Handoff {
     /// [`HANDOFF_VERSION`].
@@ -178,7 +178,7 @@ impl Handoff {
         })
     }
 
-    /// Parses a handoff (`context` names it in errors, e.g. the step input).
+    /// Parses a handoff (`context` names it in errors, e.g. the stage input).
     ///
     /// # Errors
     /// [`RemoteError::BadJson`]; [`RemoteError::Frame`] for inconsistent metadata;
@@ -268,25 +268,6 @@ impl Handoff {
             .frame_ctx(|| format!("{context}: opening the frame of {}", self.producer))
     }
 
-    /// Opens a zero-copy projection of the frame to `columns` (same buffers, the
-    /// other columns left out), after [`Handoff::verify`].
-    ///
-    /// # Errors
-    /// [`RemoteError::Frame`] naming an unknown column; as [`Handoff::open`].
-    pub fn open_columns(
-        &self,
-        cluster: &Cluster,
-        env: &FrameEnv,
-        columns: &[&str],
-        context: &str,
-    ) -> Result<RemoteFrame, RemoteError> {
-        self.verify(cluster, context)?;
-        let meta = project(&self.frame, columns)
-            .frame_ctx(|| format!("{context}: projecting the frame of {}", self.producer))?;
-        RemoteFrame::open(env, meta)
-            .frame_ctx(|| format!("{context}: opening the frame of {}", self.producer))
-    }
-
     /// Zeroes the seal and gives the frame's and the seal's memory back.
     ///
     /// # Errors
@@ -319,37 +300,4 @@ impl Handoff {
         }
         Ok(())
     }
-}
-
-/// Metadata of a projection of `meta` to `columns`, in that order, sharing its buffers.
-///
-/// # Errors
-/// [`scad_remote_frame::Error::UnknownColumn`].
-pub fn project(meta: &FrameMeta, columns: &[&str]) -> scad_remote_frame::Result<FrameMeta> {
-    rename(meta, &columns.iter().map(|c| (*c, *c)).collect::<Vec<_>>())
-}
-
-/// Metadata of a projection of `meta` to `(column, new name)` pairs, sharing its buffers.
-///
-/// # Errors
-/// [`scad_remote_frame::Error::UnknownColumn`].
-pub fn rename(meta: &FrameMeta, columns: &[(&str, &str)]) -> scad_remote_frame::Result<FrameMeta> {
-    let idx = columns
-        .iter()
-        .map(|(c, _)| meta.column_index(c))
-        .collect::<scad_remote_frame::Result<Vec<_>>>()?;
-    let mut out = meta.clone();
-    out.schema = idx
-        .iter()
-        .zip(columns)
-        .map(|(&i, (_, to))| {
-            let mut c = meta.schema[i].clone();
-            c.name = (*to).to_string();
-            c
-        })
-        .collect();
-    for (ch, orig) in out.chunks.iter_mut().zip(&meta.chunks) {
-        ch.columns = idx.iter().map(|&i| orig.columns[i].clone()).collect();
-    }
-    Ok(out)
 }

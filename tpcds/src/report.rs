@@ -1,0 +1,91 @@
+//! Budgets as the command lines give them, and bytes and seconds as reports print them.
+
+use crate::error::TpcdsError;
+
+/// Parses a budget: bytes with an optional `K`/`M`/`G` suffix (binary), or a
+/// percentage of `largest` (`25%`).
+///
+/// # Errors
+/// [`TpcdsError::Invalid`] for anything else or zero.
+pub fn parse_budget(text: &str, largest: u64) -> Result<u64, TpcdsError> {
+    let t = text.trim();
+    let bad = || {
+        TpcdsError::Invalid(format!(
+            "budget {text:?}: expected bytes (e.g. 64M) or a percentage (e.g. 25%)"
+        ))
+    };
+    let value = if let Some(p) = t.strip_suffix('%') {
+        let p: f64 = p.trim().parse().map_err(|_| bad())?;
+        if p.is_nan() || p <= 0.0 {
+            return Err(bad());
+        }
+        (largest as f64 * p / 100.0) as u64
+    } else {
+        let (num, mult) = match t.chars().last() {
+            Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+            Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+            Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+            _ => (t, 1),
+        };
+        let n: f64 = num.trim().parse().map_err(|_| bad())?;
+        if n.is_nan() || n <= 0.0 {
+            return Err(bad());
+        }
+        (n * mult as f64) as u64
+    };
+    if value == 0 {
+        return Err(bad());
+    }
+    Ok(value)
+}
+
+/// Human-readable bytes (`u64::MAX`: unlimited).
+pub fn fmt_bytes(b: u64) -> String {
+    if b == u64::MAX {
+        "unlimited".into()
+    } else if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    } else if b >= 1 << 20 {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    } else if b >= 1 << 10 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// Seconds as a short string.
+pub fn fmt_secs(d: f64) -> String {
+    if d < 1.0 {
+        format!("{:.1} ms", d * 1e3)
+    } else {
+        format!("{d:.2} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_parse_as_bytes_or_percentages() {
+        assert_eq!(parse_budget("25%", 1000).unwrap(), 250);
+        assert_eq!(parse_budget("64M", 0).unwrap(), 64 << 20);
+        assert_eq!(parse_budget("1G", 0).unwrap(), 1 << 30);
+        assert_eq!(parse_budget("4096", 0).unwrap(), 4096);
+        for bad in ["", "x", "-5%", "0", "0%", "12Q", "1%"] {
+            let largest = if bad == "1%" { 10 } else { 1000 };
+            let err = parse_budget(bad, largest).unwrap_err();
+            assert!(err.to_string().contains("budget"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn sizes_and_times_print_in_their_unit() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(3 << 20), "3.0 MiB");
+        assert_eq!(fmt_bytes(u64::MAX), "unlimited");
+        assert_eq!(fmt_secs(0.0123), "12.3 ms");
+        assert_eq!(fmt_secs(2.5), "2.50 s");
+    }
+}
