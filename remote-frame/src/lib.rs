@@ -95,7 +95,7 @@ pub use frame::{Batches, FrameWriter, RemoteFrame};
 pub use kernels::JoinType;
 pub use meta::{ColumnMeta, ColumnType, FrameMeta};
 pub use polars::prelude::{col, lit, DataFrame, Expr, SortMultipleOptions};
-pub use query::{QueryOutput, QuerySession, QueryStats};
+pub use query::{QueryOutput, QuerySession, QueryStats, Stage, StageOutput, StagePlan};
 
 impl RemoteFrame {
     /// Writes arrow-rs record batches (all of one schema) as a new frame.

@@ -394,3 +394,151 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
         .sum();
     assert_eq!(free_after, free_before, "remote memory leaked");
 }
+
+/// Runs every stage of `sql` in order, each in a fresh session over the same tables
+/// (as a separate process would run it), handing outputs on as frame metadata JSON;
+/// returns the answer, the stage list and the highest stage peak. Frees every stage
+/// output.
+fn run_by_stages(
+    f: &Fixture,
+    fraction: Option<f64>,
+    sql: &str,
+) -> (DataFrame, scad_remote_frame::StagePlan, u64) {
+    use std::collections::BTreeMap;
+    let plan = f.session(fraction).stages(sql).unwrap();
+    let mut outputs: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut peak = 0;
+    for stage in &plan.stages {
+        assert!(
+            stage.inputs.iter().all(|&i| i < stage.id),
+            "{sql}: stage {} reads a later stage",
+            stage.id
+        );
+        let session = f.session(fraction);
+        let inputs = stage
+            .inputs
+            .iter()
+            .map(|&i| {
+                let frames = outputs[&i]
+                    .iter()
+                    .map(|json| RemoteFrame::from_json(&f.env, json).unwrap())
+                    .collect();
+                (i, frames)
+            })
+            .collect();
+        let out = session
+            .run_stage(sql, stage.id, &inputs)
+            .unwrap_or_else(|e| panic!("{sql}: stage {}: {e}", stage.id));
+        assert_eq!(out.frames.len(), stage.partitions, "{sql}: stage {}", stage.id);
+        assert!(out.stats.peak_local_bytes <= out.stats.budget);
+        peak = peak.max(out.stats.peak_local_bytes);
+        let json = out.frames.iter().map(|fr| fr.to_json().unwrap()).collect();
+        outputs.insert(stage.id, json);
+    }
+    let root = plan.stages.len() - 1;
+    let mut answer: Option<DataFrame> = None;
+    for json in &outputs[&root] {
+        let part = RemoteFrame::from_json(&f.env, json)
+            .unwrap()
+            .to_polars()
+            .unwrap();
+        match &mut answer {
+            None => answer = Some(part),
+            Some(a) => {
+                a.vstack_mut(&part).unwrap();
+            }
+        }
+    }
+    for jsons in outputs.values() {
+        for json in jsons {
+            RemoteFrame::from_json(&f.env, json).unwrap().free().unwrap();
+        }
+    }
+    (answer.unwrap(), plan, peak)
+}
+
+fn available(env: &FrameEnv) -> u64 {
+    env.store()
+        .allocation_state()
+        .allocators
+        .iter()
+        .map(|a| a.available())
+        .sum()
+}
+
+#[test]
+fn queries_run_stage_by_stage_equal_the_whole_query() {
+    let f = fixture(30_000, 300, 400, 300);
+    let before = available(&f.env);
+    let queries = [
+        // Join build side, final aggregate, sort: several stages.
+        "SELECT d.label, sum(f.qty) AS q, count(*) AS n FROM fact f JOIN dim d ON f.k1 = d.d1 \
+         GROUP BY d.label ORDER BY d.label NULLS LAST",
+        // ROLLUP: the aggregate's grouping id is an 8-bit integer, stored widened.
+        "SELECT k1 % 5 AS a, k2, sum(qty) AS s FROM fact GROUP BY ROLLUP (k1 % 5, k2)",
+        // A scalar subquery: a one-row cross join.
+        "SELECT count(*) AS n FROM fact WHERE qty > (SELECT avg(qty) FROM fact)",
+        // A build side with no columns left after projection.
+        "SELECT count(*) AS n FROM fact, (SELECT 1 AS one FROM dim WHERE w > 990) x",
+        // Windows over a join, and duplicate column names inside the plan.
+        "SELECT f.k1, d.d1, rank() OVER (PARTITION BY f.k1 ORDER BY f.qty, f.price) AS r \
+         FROM fact f JOIN dim d ON f.k1 = d.d1",
+        "SELECT k1 FROM fact WHERE qty < 3 UNION SELECT d1 FROM dim",
+    ];
+    for fraction in [None, Some(0.25)] {
+        for sql in queries {
+            let (got, plan, peak) = run_by_stages(&f, fraction, sql);
+            let whole = f.session(fraction).sql(sql).unwrap();
+            let want = whole.to_polars().unwrap();
+            assert_eq!(plan.ordered, whole.ordered(), "{sql}");
+            if plan.ordered {
+                assert!(got.equals_missing(&want), "{sql}\n got {got}\nwant {want}");
+            } else {
+                assert_same(&got, &want, &format!("{sql} at {fraction:?}"));
+            }
+            if let Some(fr) = fraction {
+                assert!(peak <= (f.input_bytes as f64 * fr) as u64, "{sql}");
+            }
+            if sql.contains("JOIN") || sql.contains("avg") {
+                assert!(plan.stages.len() > 1, "{sql}: {plan:?}");
+            }
+        }
+    }
+    assert_eq!(available(&f.env), before, "stage outputs left allocated");
+}
+
+#[test]
+fn a_stage_without_its_inputs_is_refused() {
+    let f = fixture(5_000, 100, 100, 100);
+    let s = f.session(None);
+    let sql = "SELECT d.label, count(*) AS n FROM fact f JOIN dim d ON f.k1 = d.d1 GROUP BY d.label";
+    let plan = s.stages(sql).unwrap();
+    let root = plan.stages.last().unwrap();
+    assert!(!root.inputs.is_empty(), "{plan:?}");
+    let before = available(&f.env);
+    let err = s
+        .run_stage(sql, root.id, &Default::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("output of stage")),
+        "{err}"
+    );
+    let err = s.run_stage(sql, 99, &Default::default()).unwrap_err();
+    assert!(err.to_string().contains("stage 99"), "{err}");
+    // An input of the wrong shape (another stage's output) is refused by its columns.
+    let first = s.run_stage(sql, 0, &Default::default()).unwrap();
+    let wrong: std::collections::BTreeMap<usize, Vec<RemoteFrame>> = root
+        .inputs
+        .iter()
+        .map(|&i| (i, first.frames.clone()))
+        .collect();
+    if plan.stages[root.inputs[0]] != plan.stages[0] {
+        let err = s.run_stage(sql, root.id, &wrong).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidArgument(m) if m.contains("columns") || m.contains("partitions")),
+            "{err}"
+        );
+    }
+    first.free().unwrap();
+    assert_eq!(available(&f.env), before, "a refused stage left memory allocated");
+}

@@ -43,6 +43,7 @@ mod join;
 mod numeric;
 mod scan;
 mod spill;
+mod stage;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -71,6 +72,7 @@ use crate::frame::RemoteFrame;
 use crate::interop;
 use scan::RemoteTable;
 use spill::{RemoteSpillFactory, SpillCounters};
+pub use stage::{Stage, StageOutput, StagePlan};
 
 /// A query session: tables (RemoteFrames registered by name), one memory pool sized
 /// by the env's budget, and spilling to the env's memory elements.
@@ -357,12 +359,7 @@ impl QuerySession {
         // One query at a time: the budget and the spill accounting are the session's.
         let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let start = Instant::now();
-        self.pool.reset_peak();
-        let spill_before = (
-            self.spill.files.load(Ordering::Relaxed),
-            self.spill.bytes_written.load(Ordering::Relaxed),
-            self.spill.bytes_read.load(Ordering::Relaxed),
-        );
+        let before = self.measure_start();
         let (logical, physical) = self.plan(sql)?;
         let collected = self
             .runtime
@@ -370,17 +367,7 @@ impl QuerySession {
         self.await_spill_release();
         let batches = collected.map_err(|e| self.run_error(e))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let scan_bytes = scan_bytes(physical.as_ref());
-        let stats = QueryStats {
-            elapsed: start.elapsed(),
-            rows,
-            peak_local_bytes: self.pool.peak_reserved() as u64,
-            budget: self.env.budget(),
-            scan_bytes,
-            spill_files: self.spill.files.load(Ordering::Relaxed) - spill_before.0,
-            spill_bytes_written: self.spill.bytes_written.load(Ordering::Relaxed) - spill_before.1,
-            spill_bytes_read: self.spill.bytes_read.load(Ordering::Relaxed) - spill_before.2,
-        };
+        let stats = self.measure_end(start, before, rows, physical.as_ref());
         Ok(QueryOutput {
             schema: physical.schema(),
             batches,
@@ -458,8 +445,10 @@ fn is_ordered(plan: &LogicalPlan) -> bool {
     }
 }
 
+/// Bytes read from memory elements by the plan's scans of tables and stage outputs
+/// (their `bytes_read` metric).
 fn scan_bytes(plan: &dyn ExecutionPlan) -> u64 {
-    let own = if plan.is::<scan::RemoteScanExec>() {
+    let own = if plan.is::<scan::RemoteScanExec>() || plan.is::<stage::StageInputExec>() {
         plan.metrics()
             .and_then(|m| m.sum_by_name("bytes_read"))
             .map(|v| v.as_usize() as u64)

@@ -256,41 +256,63 @@ impl ExecutionPlan for RemoteScanExec {
                 self.ranges.len()
             ))
         })?;
-        let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let bytes_read: Count = MetricBuilder::new(&self.metrics).counter("bytes_read", partition);
-        let state = ScanState {
-            reader: ChunkReader {
+        Ok(chunk_stream(
+            ChunkReader {
                 frame: self.frame.clone(),
                 columns: Arc::new(self.columns.clone()),
                 schema: self.schema.clone(),
                 batch_rows: self.batch_rows,
             },
-            chunks: range,
-            pending: VecDeque::new(),
-            left: self.limit,
-            failed: false,
-            bytes_read,
-        };
-        let stream = futures::stream::unfold(state, |s| s.next()).map(move |b| {
-            if let Ok(b) = &b {
-                baseline.record_output(b.num_rows());
-            }
-            b
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema.clone(),
-            stream,
-        )))
+            range,
+            self.limit,
+            &self.metrics,
+            partition,
+        ))
     }
 }
 
-/// Reads one stored chunk of the projected columns as record batches.
+/// One partition's stream: `chunks` read one at a time off the runtime's threads,
+/// sliced into batches, cut at `limit` rows; rows and `bytes_read` recorded in
+/// `metrics`.
+pub(crate) fn chunk_stream(
+    reader: ChunkReader,
+    chunks: std::ops::Range<usize>,
+    limit: Option<usize>,
+    metrics: &ExecutionPlanMetricsSet,
+    partition: usize,
+) -> SendableRecordBatchStream {
+    let baseline = BaselineMetrics::new(metrics, partition);
+    let bytes_read: Count = MetricBuilder::new(metrics).counter("bytes_read", partition);
+    let schema = reader.schema.clone();
+    let state = ScanState {
+        reader,
+        chunks,
+        pending: VecDeque::new(),
+        left: limit,
+        failed: false,
+        bytes_read,
+    };
+    let stream = futures::stream::unfold(state, |s| s.next()).map(move |b| {
+        if let Ok(b) = &b {
+            baseline.record_output(b.num_rows());
+        }
+        b
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+}
+
+/// Reads one stored chunk of the projected columns as record batches of `schema`
+/// (cast by position where the stored type differs).
 #[derive(Clone)]
-struct ChunkReader {
-    frame: RemoteFrame,
-    columns: Arc<Vec<usize>>,
-    schema: SchemaRef,
-    batch_rows: usize,
+pub(crate) struct ChunkReader {
+    /// The frame read.
+    pub(crate) frame: RemoteFrame,
+    /// Its columns read, in `schema`'s order (empty: row counts only).
+    pub(crate) columns: Arc<Vec<usize>>,
+    /// The batches' schema.
+    pub(crate) schema: SchemaRef,
+    /// Rows per batch at most.
+    pub(crate) batch_rows: usize,
 }
 
 impl ChunkReader {
