@@ -93,8 +93,12 @@ pub struct QueryRun {
     /// Wall time, planning and execution (and, for the stage-per-process mode,
     /// starting the processes), not the comparison.
     pub secs: f64,
-    /// The engine's statistics (`None` when the query failed).
+    /// The engine's statistics (`None` when the query failed); for a run stage by
+    /// stage, summed over the stages (the peak: the highest stage's).
     pub stats: Option<QueryStats>,
+    /// Bytes of stage outputs handed from one stage process to the next through
+    /// memory elements (0 in one process).
+    pub handoff_bytes: u64,
     /// `None` if the answer equals DuckDB's; else the failure or the difference.
     pub error: Option<String>,
 }
@@ -103,6 +107,12 @@ impl QueryRun {
     /// Whether the answer equals DuckDB's.
     pub fn equal(&self) -> bool {
         self.error.is_none()
+    }
+
+    /// Every byte moved between compute and memory elements: scans, spills and
+    /// handoffs.
+    pub fn bytes_moved(&self) -> u64 {
+        self.stats.map_or(0, |s| s.bytes_moved()) + self.handoff_bytes
     }
 }
 
@@ -123,12 +133,9 @@ pub fn run_query(
     let secs = start.elapsed().as_secs_f64();
     let (stats, error) = match outcome {
         Ok(out) => {
-            let checked = out
-                .to_polars()
-                .map_err(|e| e.to_string())
-                .and_then(|df| {
-                    compare_values(&df, &reference, out.ordered()).map_err(|e| e.to_string())
-                });
+            let checked = out.to_polars().map_err(|e| e.to_string()).and_then(|df| {
+                compare_values(&df, &reference, out.ordered()).map_err(|e| e.to_string())
+            });
             (Some(*out.stats()), checked.err())
         }
         Err(e) => (None, Some(e.to_string())),
@@ -137,6 +144,7 @@ pub fn run_query(
         query: query.to_string(),
         secs,
         stats,
+        handoff_bytes: 0,
         error,
     })
 }

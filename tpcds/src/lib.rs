@@ -27,6 +27,7 @@
 //! * [`remote`]: the memory elements ([`remote::Cluster`]) and sealed handoffs of
 //!   frames between processes;
 //! * [`engine`]: running a query and checking its answer;
+//! * [`stages`]: a query's stages, each run as its own process;
 //! * [`compare`]: comparing answers by value.
 
 pub mod compare;
@@ -35,5 +36,6 @@ pub mod engine;
 pub mod error;
 pub mod remote;
 pub mod report;
+pub mod stages;
 
 pub use error::TpcdsError;

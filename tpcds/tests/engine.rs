@@ -1,6 +1,7 @@
 //! All 99 TPC-DS queries from their official SQL text through the query engine over
 //! memory elements, on SF 0.01 data generated during the test run (cached under
-//! data/tpcds), compared with DuckDB's answers by value.
+//! data/tpcds), compared with DuckDB's answers by value, within a budget that makes
+//! some spill. (Without a budget they run through the main job, tests/main_job.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::OnceLock;

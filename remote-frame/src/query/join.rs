@@ -86,8 +86,11 @@ fn wrappable(join: &HashJoinExec) -> bool {
     !join.null_aware
         && match join.partition_mode() {
             PartitionMode::Partitioned => true,
+            // One output partition only: each output partition would read (and
+            // hold) the build side again, where DataFusion's own join shares it.
             PartitionMode::CollectLeft => {
                 join.left().properties().partitioning.partition_count() == 1
+                    && join.properties().partitioning.partition_count() == 1
             }
             PartitionMode::Auto => false,
         }

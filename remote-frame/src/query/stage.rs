@@ -119,16 +119,15 @@ fn may_cut_below(parent: &dyn ExecutionPlan, k: usize) -> bool {
 }
 
 fn is_final_aggregate(plan: &dyn ExecutionPlan) -> bool {
-    plan.downcast_ref::<AggregateExec>()
-        .is_some_and(|a| {
-            matches!(
-                a.mode(),
-                AggregateMode::Final
-                    | AggregateMode::FinalPartitioned
-                    | AggregateMode::Single
-                    | AggregateMode::SinglePartitioned
-            )
-        })
+    plan.downcast_ref::<AggregateExec>().is_some_and(|a| {
+        matches!(
+            a.mode(),
+            AggregateMode::Final
+                | AggregateMode::FinalPartitioned
+                | AggregateMode::Single
+                | AggregateMode::SinglePartitioned
+        )
+    })
 }
 
 fn inputs_of(plan: &Arc<dyn ExecutionPlan>, cuts: &mut Vec<Cut>) -> Vec<usize> {
@@ -633,8 +632,7 @@ impl QuerySession {
             budget: self.env.budget(),
             scan_bytes: super::scan_bytes(plan),
             spill_files: self.spill.files.load(Ordering::Relaxed) - before.files,
-            spill_bytes_written: self.spill.bytes_written.load(Ordering::Relaxed)
-                - before.written,
+            spill_bytes_written: self.spill.bytes_written.load(Ordering::Relaxed) - before.written,
             spill_bytes_read: self.spill.bytes_read.load(Ordering::Relaxed) - before.read,
         }
     }

@@ -14,31 +14,60 @@
 //! cargo run --release -p scad-tpcds --bin tpcds-main -- --queries 1,16,94,95 --json out.jsonl
 //! cargo run --release -p scad-tpcds --bin tpcds-main -- --servers 127.0.0.1:7000,127.0.0.1:7001
 //! cargo run --release -p scad-tpcds --bin tpcds-main -- --transport redis
+//! cargo run --release -p scad-tpcds --bin tpcds-main -- --sf 0.1 --stage-processes
+//! ```
+//!
+//! With `--stage-processes` every stage of a query's plan (see
+//! [`scad_remote_frame::QuerySession::stages`]) runs as its own process (this binary's
+//! `stage run`), against the same memory servers over tcp, handing its output on
+//! through memory elements. The `stage` subcommands do the same by hand against
+//! running `memory_server` processes:
+//!
+//! ```text
+//! memory_server 7000 & memory_server 7001 &
+//! S=127.0.0.1:7000,127.0.0.1:7001 D=data/tpcds/sf0.01
+//! tpcds-main stage load   --servers $S --data $D --dir run/
+//! tpcds-main stage plan   --servers $S --data $D --dir run/ --query q1 --budget 4M
+//! tpcds-main stage run    --servers $S --data $D --dir run/ --query q1 --budget 4M --stage 0
+//! ...                                               (every stage, in order)
+//! tpcds-main stage result --servers $S --data $D --dir run/ --query q1 --budget 4M
 //! ```
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use scad_tpcds::data::{generate, GenerateOptions};
+use scad_tpcds::compare::compare_values;
+use scad_tpcds::data::{generate, DataSet, GenerateOptions};
 use scad_tpcds::engine::{official_queries, parse_queries, query_number, run_query, session};
 use scad_tpcds::remote::{
     duckdb_timings, load_tables, Cluster, DuckDbTiming, RedisServer, TransportKind,
 };
 use scad_tpcds::report::{fmt_bytes, fmt_secs, parse_budget};
+use scad_tpcds::stages::{
+    load_run_dir, read_answer, read_tables, run_query_in_processes, run_stage_here, StageCommand,
+};
 use serde_json::json;
 
 /// Command-line options.
 #[derive(Debug, Parser)]
 #[command(
-    about = "The 99 TPC-DS queries through the query engine over memory elements, checked against DuckDB"
+    about = "The 99 TPC-DS queries through the query engine over memory elements, checked against DuckDB",
+    args_conflicts_with_subcommands = true
 )]
 struct Args {
+    /// One stage of a query per process, by hand (see the docs).
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Scale factor (the data is generated once and cached under data/tpcds).
     #[arg(long, default_value_t = 1.0)]
     sf: f64,
+    /// TEST DATA ONLY: spread the catalog and web sales over N warehouses (below SF 1
+    /// dsdgen makes one, and q16, q94 and q95 match nothing).
+    #[arg(long, default_value_t = 0)]
+    spread_warehouses: u32,
     /// Local memory budget of every query: bytes (64M, 1G) or a percentage of the
     /// largest table (25%).
     #[arg(long, default_value = "25%")]
@@ -75,6 +104,135 @@ struct Args {
     /// Write one JSON object per query per line here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run every stage of a query's plan as its own process (tcp only).
+    #[arg(long)]
+    stage_processes: bool,
+}
+
+/// Where a stage process finds its memory servers, data and run directory.
+#[derive(Debug, clap::Args)]
+struct StageTarget {
+    /// Memory servers, HOST:PORT,... (element memI = the I-th, as for `load`).
+    #[arg(long, value_delimiter = ',', required = true)]
+    servers: Vec<String>,
+    /// The generated data set directory (with manifest.json and the query texts).
+    #[arg(long)]
+    data: PathBuf,
+    /// Run directory for the handoff files.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Rows per stored chunk of what this process writes.
+    #[arg(long, default_value_t = 8192)]
+    chunk_rows: usize,
+}
+
+/// The query and budget of a stage command.
+#[derive(Debug, clap::Args)]
+struct StageQuery {
+    /// Query (1..99 or q1..q99).
+    #[arg(long)]
+    query: String,
+    /// Local memory budget of every stage: bytes (64M) or a percentage of the largest
+    /// table (25%). Every process of a query must use the same.
+    #[arg(long, default_value = "25%")]
+    budget: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Stage-per-process commands.
+    #[command(subcommand)]
+    Stage(StageCommandArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum StageCommandArgs {
+    /// Load every table into the memory servers; writes DIR/tables.json.
+    Load(StageTarget),
+    /// Print a query's stages (JSON).
+    Plan {
+        #[command(flatten)]
+        target: StageTarget,
+        #[command(flatten)]
+        query: StageQuery,
+    },
+    /// Run one stage; writes DIR/<query>/stage-<K>.json and prints its report (JSON).
+    Run {
+        #[command(flatten)]
+        target: StageTarget,
+        #[command(flatten)]
+        query: StageQuery,
+        /// Stage number.
+        #[arg(long)]
+        stage: usize,
+    },
+    /// Print the answer (the last stage's output) and compare it with DuckDB's.
+    Result {
+        #[command(flatten)]
+        target: StageTarget,
+        #[command(flatten)]
+        query: StageQuery,
+    },
+}
+
+/// The cluster, data set and run directory of a stage command.
+fn open_target(t: &StageTarget) -> Result<(Cluster, DataSet)> {
+    if t.chunk_rows == 0 {
+        bail!("--chunk-rows must be at least 1");
+    }
+    let mut cluster = Cluster::connect_tcp(&t.servers)?;
+    cluster.set_chunk_rows(t.chunk_rows);
+    Ok((cluster, DataSet::open(&t.data)?))
+}
+
+/// The query name and budget in bytes of a stage command.
+fn stage_query(q: &StageQuery, dir: &Path) -> Result<(String, u64)> {
+    let query = parse_queries(&[&q.query])?.remove(0);
+    let largest = read_tables(dir)?.largest_bytes();
+    Ok((query, parse_budget(&q.budget, largest)?))
+}
+
+fn stage_command(command: StageCommandArgs) -> Result<()> {
+    match command {
+        StageCommandArgs::Load(target) => {
+            let (cluster, set) = open_target(&target)?;
+            let tables = load_run_dir(&cluster, &set, &target.dir)?;
+            println!(
+                "{}",
+                json!({"tables": tables.tables.len(), "bytes": tables.total_bytes(), "largest_bytes": tables.largest_bytes(), "load_s": tables.load_secs})
+            );
+        }
+        StageCommandArgs::Plan { target, query } => {
+            let (cluster, set) = open_target(&target)?;
+            let (q, budget) = stage_query(&query, &target.dir)?;
+            let env = cluster.env().with_budget(budget);
+            let s = session(&env, &read_tables(&target.dir)?.open(&cluster)?)?;
+            let plan = s.stages(&scad_tpcds::engine::query_sql(&set, &q)?)?;
+            println!("{}", serde_json::to_string_pretty(&plan)?);
+        }
+        StageCommandArgs::Run {
+            target,
+            query,
+            stage,
+        } => {
+            let (cluster, set) = open_target(&target)?;
+            let (q, budget) = stage_query(&query, &target.dir)?;
+            let report = run_stage_here(&cluster, &set, &target.dir, &q, stage, budget)?;
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        StageCommandArgs::Result { target, query } => {
+            let (cluster, set) = open_target(&target)?;
+            let (q, budget) = stage_query(&query, &target.dir)?;
+            let env = cluster.env().with_budget(budget);
+            let s = session(&env, &read_tables(&target.dir)?.open(&cluster)?)?;
+            let plan = s.stages(&scad_tpcds::engine::query_sql(&set, &q)?)?;
+            let df = read_answer(&cluster, &target.dir, &q, &plan)?;
+            println!("{df}");
+            compare_values(&df, &set.reference(&q)?, plan.ordered)?;
+            println!("{q}: equals DuckDB's answer");
+        }
+    }
+    Ok(())
 }
 
 fn main() -> Result<()> {
@@ -83,11 +241,20 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(Command::Stage(command)) = args.command {
+        return stage_command(command);
+    }
     if args.elements == 0 {
         bail!("--elements must be at least 1");
     }
     if args.chunk_rows == 0 {
         bail!("--chunk-rows must be at least 1");
+    }
+    if args.stage_processes && args.transport != TransportKind::Tcp {
+        bail!(
+            "--stage-processes reaches the memory servers over tcp from every stage process; drop --transport {}",
+            args.transport
+        );
     }
     let queries = if args.queries.is_empty() {
         official_queries()
@@ -102,7 +269,9 @@ fn main() -> Result<()> {
         "generating (or reusing) TPC-DS SF {} with DuckDB",
         args.sf
     ));
-    let set = generate(&GenerateOptions::new(args.sf)).context("generating the TPC-DS data")?;
+    let mut options = GenerateOptions::new(args.sf);
+    options.spread_warehouses = args.spread_warehouses;
+    let set = generate(&options).context("generating the TPC-DS data")?;
     spinner.finish_and_clear();
     println!("data: {} (SF {})", set.root.display(), set.manifest.sf);
 
@@ -145,20 +314,53 @@ fn main() -> Result<()> {
         .with_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")?);
     spinner.enable_steady_tick(std::time::Duration::from_millis(200));
     spinner.set_message("loading the tables into memory elements");
-    let tables = load_tables(&cluster, &set, None)?;
+    // Stage processes find the tables (and hand their outputs on) in a run directory.
+    let run_dir = std::env::temp_dir().join(format!("tpcds-stages-{}", std::process::id()));
+    let tables = if args.stage_processes {
+        load_run_dir(&cluster, &set, &run_dir)?
+    } else {
+        load_tables(&cluster, &set, None)?
+    };
     spinner.finish_and_clear();
     let largest = tables.largest_bytes();
     let budget = parse_budget(&args.budget, largest)?;
     println!(
-        "loaded {} tables ({}) in {} (not counted as query time); largest {}; budget {} per query",
+        "loaded {} tables ({}) in {} (not counted as query time); largest {}; budget {} per {}",
         tables.tables.len(),
         fmt_bytes(tables.total_bytes()),
         fmt_secs(tables.load_secs),
         fmt_bytes(largest),
-        fmt_bytes(budget)
+        fmt_bytes(budget),
+        if args.stage_processes {
+            "stage process"
+        } else {
+            "query"
+        }
     );
     let env = cluster.env().with_budget(budget);
     let session = session(&env, &tables.open(&cluster)?)?;
+    let servers = if args.servers.is_empty() {
+        cluster.server_addrs()
+    } else {
+        args.servers.clone()
+    };
+    let stage_command = StageCommand {
+        program: std::env::current_exe().context("locating this binary for the stage processes")?,
+        args: vec![
+            "stage".into(),
+            "run".into(),
+            "--servers".into(),
+            servers.join(","),
+            "--data".into(),
+            set.root.display().to_string(),
+            "--dir".into(),
+            run_dir.display().to_string(),
+            "--chunk-rows".into(),
+            args.chunk_rows.to_string(),
+            "--budget".into(),
+            budget.to_string(),
+        ],
+    };
 
     println!(
         "\n{:<5} {:>10} {:>8} {:>11} {:>23} {:>17}  result",
@@ -170,14 +372,18 @@ fn main() -> Result<()> {
     let mut runs = Vec::with_capacity(queries.len());
     for q in &queries {
         bar.set_message(q.clone());
-        let run = run_query(&session, &set, q)?;
+        let run = if args.stage_processes {
+            run_query_in_processes(&cluster, &set, &run_dir, q, budget, &stage_command)?.0
+        } else {
+            run_query(&session, &set, q)?
+        };
         let line = match (&run.stats, &run.error) {
             (Some(s), error) => format!(
                 "{:<5} {:>10} {:>8} {:>11} {:>23} {:>17}  {}",
                 q,
                 fmt_secs(run.secs),
                 s.rows,
-                fmt_bytes(s.bytes_moved()),
+                fmt_bytes(run.bytes_moved()),
                 format!(
                     "{} / {}",
                     fmt_bytes(s.peak_local_bytes),
@@ -208,6 +414,9 @@ fn main() -> Result<()> {
     bar.finish_and_clear();
     drop(session);
     tables.free(&cluster)?;
+    if args.stage_processes {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
 
     let duck: Vec<DuckDbTiming> = if args.duckdb_repeats > 0 {
         let spinner = ProgressBar::new_spinner()
@@ -217,7 +426,7 @@ fn main() -> Result<()> {
             "timing DuckDB in memory on the same data ({} runs per query after a warm-up, median)",
             args.duckdb_repeats
         ));
-        let timings = duckdb_timings(args.sf, &queries, args.duckdb_repeats, None);
+        let timings = duckdb_timings(&set, &queries, args.duckdb_repeats, None);
         spinner.finish_and_clear();
         timings.unwrap_or_else(|e| {
             eprintln!("warning: no DuckDB timing: {e}");
@@ -240,10 +449,7 @@ fn main() -> Result<()> {
         .filter_map(|r| r.stats.map(|s| s.peak_local_bytes))
         .max()
         .unwrap_or(0);
-    let moved: u64 = runs
-        .iter()
-        .filter_map(|r| r.stats.map(|s| s.bytes_moved()))
-        .sum();
+    let moved: u64 = runs.iter().map(|r| r.bytes_moved()).sum();
     let spilled = runs
         .iter()
         .filter(|r| r.stats.is_some_and(|s| s.spill_files > 0))
@@ -270,8 +476,8 @@ fn main() -> Result<()> {
     );
 
     if let Some(path) = &args.json {
-        let mut out = std::fs::File::create(path)
-            .with_context(|| format!("creating {}", path.display()))?;
+        let mut out =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
         for r in &runs {
             let s = r.stats.unwrap_or_default();
             let line = json!({
@@ -279,6 +485,7 @@ fn main() -> Result<()> {
                 "name": r.query,
                 "sf": args.sf,
                 "transport": args.transport.to_string(),
+                "stage_processes": args.stage_processes,
                 "equal": r.equal(),
                 "error": r.error,
                 "secs": r.secs,
@@ -286,7 +493,8 @@ fn main() -> Result<()> {
                 "rows": r.stats.map(|s| s.rows),
                 "peak_local_bytes": s.peak_local_bytes,
                 "budget": budget,
-                "bytes_moved": s.bytes_moved(),
+                "bytes_moved": r.bytes_moved(),
+                "handoff_bytes": r.handoff_bytes,
                 "scan_bytes": s.scan_bytes,
                 "spill_files": s.spill_files,
                 "spill_bytes_written": s.spill_bytes_written,

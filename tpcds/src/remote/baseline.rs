@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::data::repo_root;
+use crate::data::{repo_root, DataSet};
 
 use super::error::RemoteError;
 
@@ -37,14 +37,14 @@ pub struct DuckDbTiming {
     pub error: Option<String>,
 }
 
-/// Runs `tpcds/gen_data.py --sf SF --bench` on `queries` with `repeats` timed runs
+/// Runs `tpcds/gen_data.py --bench` for the data set `set` on `queries` with `repeats` timed runs
 /// each (after a warm-up run): DuckDB in memory, or under `memory_limit` (e.g.
 /// `25MB`) reading the Parquet files; load time apart from query time.
 ///
 /// # Errors
 /// [`RemoteError::Invalid`] if the venv is missing or the script fails.
 pub fn duckdb_timings(
-    sf: f64,
+    set: &DataSet,
     queries: &[String],
     repeats: usize,
     memory_limit: Option<&str>,
@@ -61,7 +61,17 @@ pub fn duckdb_timings(
         std::env::temp_dir().join(format!("tpcds-duckdb-{}.json", std::process::id()));
     let mut cmd = Command::new(&python);
     cmd.arg(root.join("tpcds").join("gen_data.py"))
-        .args(["--sf", &sf.to_string(), "--no-text", "--quiet", "--bench"])
+        .args([
+            "--sf",
+            &set.manifest.sf.to_string(),
+            "--no-text",
+            "--quiet",
+            "--bench",
+        ])
+        .args([
+            "--spread-warehouses",
+            &set.manifest.spread_warehouses.to_string(),
+        ])
         .args(["--repeats", &repeats.max(1).to_string()])
         .args(["--queries", &queries.join(",")])
         .arg("--out")

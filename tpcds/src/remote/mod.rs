@@ -5,7 +5,7 @@
 //! Base tables are loaded into it once ([`load_tables`]), apart from query time, and
 //! handed on as sealed [`Handoff`]s: frame metadata plus a seal that proves the memory
 //! still holds the frame, so a process that opens a handoff (a query stage, see
-//! `scad_tpcds::stages`) detects memory that was freed or overwritten.
+//! [`crate::stages`]) detects memory that was freed or overwritten.
 //!
 //! ```no_run
 //! use scad_tpcds::data::{generate, GenerateOptions};
