@@ -34,4 +34,4 @@ if [ ! -x .venv/bin/python ]; then
         exit 1
     fi
 fi
-.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt -r tpcds/requirements.txt
+.venv/bin/pip install -q --disable-pip-version-check -r py/requirements-dev.txt -r benches/tpcds/requirements.txt

@@ -14,9 +14,9 @@ SF = "0.01"
 
 @pytest.fixture(scope="module")
 def tpcds_dir():
-    pytest.importorskip("duckdb", reason="tpcds/gen_data.py needs duckdb (bash scripts/setup.sh installs it)")
+    pytest.importorskip("duckdb", reason="benches/tpcds/gen_data.py needs duckdb (bash scripts/setup.sh installs it)")
     root = os.path.join(REPO, "data", "tpcds")
-    r = subprocess.run([sys.executable, os.path.join(REPO, "tpcds", "gen_data.py"), "--sf", SF, "--out", root,
+    r = subprocess.run([sys.executable, os.path.join(REPO, "benches", "tpcds", "gen_data.py"), "--sf", SF, "--out", root,
                         "--quiet"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     d = os.path.join(root, f"sf{SF}")

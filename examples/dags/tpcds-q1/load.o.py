@@ -8,7 +8,7 @@
 files (only the columns q1 uses) and writes them to remote memory as structured arrays.
 
 The data directory is ``$SCAD_TPCDS_DIR`` (default: ``data/tpcds/sf0.01`` of this
-repository), as ``tpcds/gen_data.py --sf 0.01`` writes it. NULL keys become -1 (TPC-DS
+repository), as ``benches/tpcds/gen_data.py --sf 0.01`` writes it. NULL keys become -1 (TPC-DS
 surrogate keys start at 1); a NULL amount is marked in ``amt_valid``.
 
 It also reserves the remote arrays the ``ctr`` instances write their partial results
@@ -36,7 +36,7 @@ def data_dir():
         repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
         d = os.path.join(repo, "data", "tpcds", "sf0.01")
     if not os.path.isdir(os.path.join(d, "text")):
-        raise FileNotFoundError(f"{d}/text not found: run `.venv/bin/python tpcds/gen_data.py --sf 0.01` "
+        raise FileNotFoundError(f"{d}/text not found: run `.venv/bin/python benches/tpcds/gen_data.py --sf 0.01` "
                                 "or set SCAD_TPCDS_DIR to a directory it wrote")
     return d
 

@@ -2,7 +2,7 @@
 //! engine over memory elements within a local memory budget, each answer checked
 //! against DuckDB's, and DuckDB in memory timed on the same data in the same run.
 //!
-//! Generates the data set if absent (`tpcds/gen_data.py`, SF 1 by default, cached
+//! Generates the data set if absent (`benches/tpcds/gen_data.py`, SF 1 by default, cached
 //! under `data/tpcds`), starts embedded memory servers (or connects to running ones),
 //! loads every table into memory elements (apart from query time), runs the queries
 //! one after another and prints per query: time, rows, bytes moved, peak local memory

@@ -1,5 +1,5 @@
 //! Helpers of the main job and the benchmark: DuckDB's timings (from
-//! `tpcds/gen_data.py --bench`, run now on the same data) and a private
+//! `benches/tpcds/gen_data.py --bench`, run now on the same data) and a private
 //! `redis-server` for the Redis-backed runs.
 
 use std::net::TcpListener;
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::data::{repo_root, DataSet};
+use crate::data::{generator_script, repo_root, DataSet};
 
 use super::error::RemoteError;
 
@@ -37,7 +37,7 @@ pub struct DuckDbTiming {
     pub error: Option<String>,
 }
 
-/// Runs `tpcds/gen_data.py --bench` for the data set `set` on `queries` with `repeats` timed runs
+/// Runs `benches/tpcds/gen_data.py --bench` for the data set `set` on `queries` with `repeats` timed runs
 /// each (after a warm-up run): DuckDB in memory, or under `memory_limit` (e.g.
 /// `25MB`) reading the Parquet files; load time apart from query time.
 ///
@@ -60,7 +60,7 @@ pub fn duckdb_timings(
     let json: PathBuf =
         std::env::temp_dir().join(format!("tpcds-duckdb-{}.json", std::process::id()));
     let mut cmd = Command::new(&python);
-    cmd.arg(root.join("tpcds").join("gen_data.py"))
+    cmd.arg(generator_script())
         .args([
             "--sf",
             &set.manifest.sf.to_string(),

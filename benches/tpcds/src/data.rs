@@ -11,11 +11,20 @@ use serde::Deserialize;
 
 use crate::error::{PolarsContext, TpcdsError};
 
-/// The repository root (the parent of this crate's directory), where `.venv`,
-/// `tpcds/gen_data.py` and `data/` live.
+/// The repository root (the workspace's, above this crate's directory), where `.venv`
+/// and `data/` live.
 pub fn repo_root() -> PathBuf {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    crate_dir.parent().unwrap_or(crate_dir).to_path_buf()
+    crate_dir
+        .ancestors()
+        .find(|d| d.join("Cargo.lock").exists())
+        .unwrap_or(crate_dir)
+        .to_path_buf()
+}
+
+/// The data generator, `benches/tpcds/gen_data.py`.
+pub fn generator_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("gen_data.py")
 }
 
 /// What to generate.
@@ -56,7 +65,7 @@ pub struct ReferenceInfo {
     pub types: Vec<String>,
 }
 
-/// `manifest.json` of a data set, written by `tpcds/gen_data.py`.
+/// `manifest.json` of a data set, written by `benches/tpcds/gen_data.py`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Manifest {
     /// Scale factor.
@@ -82,7 +91,7 @@ pub struct DataSet {
     pub manifest: Manifest,
 }
 
-/// Runs `tpcds/gen_data.py` in the repository's `.venv` (it reuses cached data) and
+/// Runs `benches/tpcds/gen_data.py` in the repository's `.venv` (it reuses cached data) and
 /// opens the data set.
 ///
 /// # Errors
@@ -94,7 +103,7 @@ pub fn generate(options: &GenerateOptions) -> Result<DataSet, TpcdsError> {
     if !python.exists() {
         return Err(TpcdsError::Generator(format!(
             "{} not found: the TPC-DS generator runs in the repository's Python venv; create it with \
-             `bash scripts/setup.sh` (or `python3 -m venv .venv && .venv/bin/pip install -r tpcds/requirements.txt`) \
+             `bash scripts/setup.sh` (or `python3 -m venv .venv && .venv/bin/pip install -r benches/tpcds/requirements.txt`) \
              in {}",
             python.display(),
             root.display()
@@ -107,7 +116,7 @@ pub fn generate(options: &GenerateOptions) -> Result<DataSet, TpcdsError> {
         )));
     }
     let mut cmd = Command::new(&python);
-    cmd.arg(root.join("tpcds").join("gen_data.py"))
+    cmd.arg(generator_script())
         .arg("--sf")
         .arg(options.sf.to_string())
         .arg("--out")
@@ -152,7 +161,8 @@ impl DataSet {
         let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => TpcdsError::DataMissing {
                 path: path.clone(),
-                hint: "generate it with `.venv/bin/python tpcds/gen_data.py --sf <SF>`".into(),
+                hint: "generate it with `.venv/bin/python benches/tpcds/gen_data.py --sf <SF>`"
+                    .into(),
             },
             _ => TpcdsError::Io {
                 path: path.clone(),
@@ -213,7 +223,7 @@ impl DataSet {
         if !path.exists() {
             return Err(TpcdsError::DataMissing {
                 path,
-                hint: "rerun tpcds/gen_data.py to write the reference answers".into(),
+                hint: "rerun benches/tpcds/gen_data.py to write the reference answers".into(),
             });
         }
         read_parquet(&path, None)

@@ -23,8 +23,8 @@ limit (DuckDB's own spilling); a query it cannot finish is reported with its err
 
 Run inside the repository's virtual environment (``bash scripts/setup.sh`` creates it)::
 
-    .venv/bin/python tpcds/gen_data.py --sf 0.01
-    .venv/bin/python tpcds/gen_data.py --sf 1 --bench --repeats 5 --bench-json out.json
+    .venv/bin/python benches/tpcds/gen_data.py --sf 0.01
+    .venv/bin/python benches/tpcds/gen_data.py --sf 1 --bench --repeats 5 --bench-json out.json
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(
         f"gen_data.py: missing Python package ({exc.name}); create the venv with "
         "`bash scripts/setup.sh` or `python3 -m venv .venv && .venv/bin/pip install -r "
-        "tpcds/requirements.txt`, then run this script with .venv/bin/python"
+        "benches/tpcds/requirements.txt`, then run this script with .venv/bin/python"
     )
 
 MANIFEST_FORMAT = 1
@@ -69,7 +69,7 @@ def extension_path() -> str:
     except ImportError:
         sys.exit(
             "gen_data.py: the PyPI package duckdb-extension-tpcds is not installed; "
-            "run `bash scripts/setup.sh` (or `.venv/bin/pip install -r tpcds/requirements.txt`)"
+            "run `bash scripts/setup.sh` (or `.venv/bin/pip install -r benches/tpcds/requirements.txt`)"
         )
     base = os.path.dirname(duckdb_extension_tpcds.__file__)
     version = "v" + duckdb.__version__
@@ -82,7 +82,7 @@ def extension_path() -> str:
     sys.exit(
         f"gen_data.py: duckdb {duckdb.__version__} needs the tpcds extension built for "
         f"{version}, but the installed package ships {found}; install matching versions "
-        "(tpcds/requirements.txt pins them)"
+        "(benches/tpcds/requirements.txt pins them)"
     )
 
 

@@ -62,7 +62,7 @@ pub fn query_sql(set: &DataSet, query: &str) -> Result<String, TpcdsError> {
     let path = set.root.join("reference").join(format!("{query}.sql"));
     std::fs::read_to_string(&path).map_err(|_| TpcdsError::DataMissing {
         path,
-        hint: "rerun tpcds/gen_data.py to write the reference answers".into(),
+        hint: "rerun benches/tpcds/gen_data.py to write the reference answers".into(),
     })
 }
 

@@ -10,7 +10,7 @@
 //! use scad_tpcds::remote::{load_tables, Cluster, TransportKind};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // Runs tpcds/gen_data.py in the repository's .venv (cached after the first run).
+//! // Runs benches/tpcds/gen_data.py in the repository's .venv (cached after the first run).
 //! let set = generate(&GenerateOptions::new(0.01))?;
 //! let cluster = Cluster::embedded(TransportKind::Tcp, 2, 256 << 20)?;
 //! let tables = load_tables(&cluster, &set, None)?; // load time, apart from query time
@@ -22,7 +22,7 @@
 //! # }
 //! ```
 //!
-//! * [`data`]: generated data sets (`tpcds/gen_data.py`: DuckDB's dsdgen from PyPI),
+//! * [`data`]: generated data sets (`benches/tpcds/gen_data.py`: DuckDB's dsdgen from PyPI),
 //!   their Parquet tables, query texts and DuckDB's reference answers;
 //! * [`remote`]: the memory elements ([`remote::Cluster`]) and sealed handoffs of
 //!   frames between processes;
