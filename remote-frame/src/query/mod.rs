@@ -212,11 +212,30 @@ impl QueryOutput {
 
 impl QuerySession {
     /// A session whose operators stay within `env`'s budget and spill to `env`'s
-    /// memory elements.
+    /// memory elements. Operators run as many ways as there are cores, or fewer for a
+    /// small budget (one partition below 64 MiB per partition).
     ///
     /// # Errors
     /// [`Error::Query`] when the runtime cannot start.
     pub fn new(env: &FrameEnv) -> Result<Self> {
+        Self::build(env, None)
+    }
+
+    /// As [`QuerySession::new`], with operators split `partitions` ways whatever the
+    /// budget (each partition's operators hold memory at once, all in one budget).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 partitions; as [`QuerySession::new`].
+    pub fn with_partitions(env: &FrameEnv, partitions: usize) -> Result<Self> {
+        if partitions == 0 {
+            return Err(Error::InvalidArgument(
+                "a query session needs at least one partition".into(),
+            ));
+        }
+        Self::build(env, Some(partitions))
+    }
+
+    fn build(env: &FrameEnv, partitions_wanted: Option<usize>) -> Result<Self> {
         let budget = env.budget();
         let inner: Arc<dyn MemoryPool> = if budget == u64::MAX {
             Arc::new(UnboundedMemoryPool::default())
@@ -247,7 +266,7 @@ impl QuerySession {
             .map(NonZeroUsize::get)
             .unwrap_or(2);
         let mut config = SessionConfig::new()
-            .with_target_partitions(partitions(budget, threads))
+            .with_target_partitions(partitions_wanted.unwrap_or(partitions(budget, threads)))
             .with_batch_size(batch_rows(budget))
             .with_information_schema(false);
         if budget != u64::MAX {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bytes::Bytes;
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::spill_file::{SpillFile, SpillWriter, TempFileFactory};
-use futures::{Stream, StreamExt};
+use futures::Stream;
 
 use crate::env::FrameEnv;
 
@@ -176,16 +176,24 @@ impl SpillFile for RemoteSpillFile {
     }
 
     fn read_stream(&self) -> DfResult<Pin<Box<dyn Stream<Item = DfResult<Bytes>> + Send>>> {
-        let inner = self.inner.clone();
-        let blocks = inner.blocks();
-        let stream = futures::stream::iter(blocks).then(move |b| {
-            let inner = inner.clone();
-            async move {
-                tokio::task::spawn_blocking(move || inner.read(&b))
+        // Blocks are looked up as the reader gets to them, not listed up front: a
+        // repartition's spill pool reads a file while it is still being written,
+        // polling for the next batch only once that batch was flushed.
+        let stream =
+            futures::stream::unfold((self.inner.clone(), 0usize), |(inner, next)| async move {
+                let block = inner
+                    .blocks
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(next)
+                    .cloned()?;
+                let reader = inner.clone();
+                let read = tokio::task::spawn_blocking(move || reader.read(&block))
                     .await
-                    .map_err(|e| DataFusionError::External(Box::new(e)))?
-            }
-        });
+                    .map_err(|e| DataFusionError::External(Box::new(e)))
+                    .and_then(|r| r);
+                Some((read, (inner, next + 1)))
+            });
         Ok(Box::pin(stream))
     }
 
