@@ -556,18 +556,17 @@ fn a_stage_without_its_inputs_is_refused() {
 
 #[test]
 fn joins_over_several_partitions_match_the_unlimited_plan() {
-    // A budget large enough for two partitions per operator (64 MiB each): probe
-    // sides arrive in two partitions while small build sides are collected once (the
-    // spilling join wraps such a join only when it has one output partition, else
-    // every partition would read the build side again; TPC-DS q1 at a 1 GiB budget,
-    // tests of scad-tpcds, panicked in DataFusion's repartition when it did).
+    // Two partitions per operator: probe sides arrive in two partitions while small
+    // build sides are collected once (the spilling join wraps such a join only when
+    // it has one output partition, else every partition would read the build side
+    // again; TPC-DS q1 at a 1 GiB budget, tests of scad-tpcds, panicked in
+    // DataFusion's repartition when it did).
     let f = fixture(40_000, 2_000, 500, 2_000);
     let session = |budget: Option<u64>| {
-        let env = match budget {
-            Some(b) => f.env.with_budget(b),
-            None => f.env.clone(),
+        let s = match budget {
+            Some(b) => QuerySession::with_partitions(&f.env.with_budget(b), 2).unwrap(),
+            None => QuerySession::new(&f.env).unwrap(),
         };
-        let s = QuerySession::new(&env).unwrap();
         for (name, frame) in &f.frames {
             s.register(name, frame).unwrap();
         }
@@ -596,22 +595,23 @@ fn joins_over_several_partitions_match_the_unlimited_plan() {
 }
 
 #[test]
-fn spilling_joins_over_two_partitions_lose_no_rows() {
-    // Two partitions whose joins both spill, fed by repartitions that spill too: a
-    // repartition's spill pool reads each spill file while it is still being written
-    // (rows were lost when a file's blocks were listed once, when reading began).
-    let f = fixture(40_000, 20_000, 20_000, 20_000);
-    let env = f.env.with_budget((f.input_bytes as f64 * 0.05) as u64);
+fn partitioned_spilling_joins_over_two_partitions_match() {
+    // Two partitions whose joins both spill: build sides over DataFusion's 1 MB
+    // collect threshold make partitioned joins, fed by repartitions.
+    let f = fixture(110_000, 110_000, 110_000, 110_000);
+    let env = f.env.with_budget((f.input_bytes as f64 * 0.2) as u64);
     let s = QuerySession::with_partitions(&env, 2).unwrap();
     let unlimited = f.session(None);
     for (name, frame) in &f.frames {
         s.register(name, frame).unwrap();
     }
     for sql in [
-        "SELECT f.k1, f.qty, d.w FROM fact f JOIN dim d ON f.k1 = d.d1 WHERE f.qty > 2",
+        "SELECT f.k1, f.qty, d.w, d.label FROM fact f JOIN dim d ON f.k1 = d.d1 WHERE f.qty > 2",
         "SELECT d.label, count(*) AS n, sum(f.qty) AS q FROM fact f JOIN dim d ON f.k1 = d.d1 \
          WHERE f.price > 10 GROUP BY d.label",
     ] {
+        let plan = s.explain(sql).unwrap();
+        assert!(plan.contains("mode=Partitioned"), "{plan}");
         let got = s.sql(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
         assert!(got.stats().spill_files > 0, "{sql}: nothing spilled");
         assert!(got.stats().peak_local_bytes <= got.stats().budget, "{sql}");

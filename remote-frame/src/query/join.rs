@@ -32,7 +32,6 @@ use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
 };
-use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -63,26 +62,10 @@ impl PhysicalOptimizerRule for SpillingJoins {
             let Some(join) = node.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));
             };
-            if join.null_aware || *join.partition_mode() == PartitionMode::Auto {
+            if join.null_aware || !wrappable(join) {
                 return Ok(Transformed::no(node));
             }
-            let outputs = join.properties().partitioning.partition_count();
-            let copy = if *join.partition_mode() == PartitionMode::CollectLeft && outputs > 1 {
-                // Collected once, the build side is shared by every output partition;
-                // each partition of ours would read (and hold) it again. Hash-partition
-                // both sides instead, so each output partition joins its own share —
-                // unless operators above rely on how the probe side is partitioned.
-                if matches!(join.properties().partitioning, Partitioning::Hash(..)) {
-                    return Ok(Transformed::no(node));
-                }
-                partitioned(join, outputs)?
-            } else if *join.partition_mode() == PartitionMode::CollectLeft
-                && join.left().properties().partitioning.partition_count() != 1
-            {
-                return Ok(Transformed::no(node));
-            } else {
-                join.builder().build()?
-            };
+            let copy = join.builder().build()?;
             let wrapped: Arc<dyn ExecutionPlan> =
                 Arc::new(SpillingHashJoinExec::new(Arc::new(copy), 0));
             Ok(Transformed::yes(wrapped))
@@ -99,24 +82,19 @@ impl PhysicalOptimizerRule for SpillingJoins {
     }
 }
 
-/// `join` in partitioned mode: both inputs hash-repartitioned on the join keys into
-/// `partitions` partitions.
-fn partitioned(join: &HashJoinExec, partitions: usize) -> DfResult<HashJoinExec> {
-    let (left_keys, right_keys): (Vec<_>, Vec<_>) = join.on().iter().cloned().unzip();
-    let left = RepartitionExec::try_new(
-        join.left().clone(),
-        Partitioning::Hash(left_keys, partitions),
-    )?;
-    let right = RepartitionExec::try_new(
-        join.right().clone(),
-        Partitioning::Hash(right_keys, partitions),
-    )?;
-    join.builder()
-        .with_new_children(vec![Arc::new(left), Arc::new(right)])?
-        .with_partition_mode(PartitionMode::Partitioned)
-        .reset_state()
-        .recompute_properties()
-        .build()
+fn wrappable(join: &HashJoinExec) -> bool {
+    match join.partition_mode() {
+        PartitionMode::Partitioned => true,
+        // One output partition only: DataFusion's own join collects the build side
+        // once for all its output partitions, ours would read (and hold) it once per
+        // partition. (Turning such joins into partitioned ones made q21 hang at SF 1
+        // with two partitions; left for the join-order work.)
+        PartitionMode::CollectLeft => {
+            join.left().properties().partitioning.partition_count() == 1
+                && join.properties().partitioning.partition_count() == 1
+        }
+        PartitionMode::Auto => false,
+    }
 }
 
 /// See the module docs.

@@ -244,3 +244,65 @@ impl SpillWriter for RemoteSpillWriter {
         self.flush_block()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use datafusion::execution::spill_file::TempFileFactory;
+    use futures::StreamExt;
+    use scad_core::transport::LocalTransport;
+    use scad_remote_array::{BufferPool, RemoteStore};
+
+    use super::*;
+
+    fn env() -> FrameEnv {
+        let pool = Arc::new(BufferPool::builder(1 << 20).build().unwrap());
+        let store = Arc::new(RemoteStore::new(pool));
+        store
+            .add_element("mem0", Arc::new(LocalTransport::new(16 << 20).unwrap()))
+            .unwrap();
+        FrameEnv::new(store)
+    }
+
+    #[test]
+    fn a_reader_sees_what_is_flushed_after_it_started() {
+        // A repartition's spill pool opens the reader while the file is still being
+        // written and polls it for each batch once that batch was flushed.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let counters = Arc::new(SpillCounters::default());
+        let factory = RemoteSpillFactory::new(env(), counters.clone());
+        let file = factory.create_temp_file("test").unwrap();
+        let mut writer = file.open_writer().unwrap();
+        writer.write_all(b"first ").unwrap();
+        writer.flush().unwrap();
+        let mut reader = file.read_stream().unwrap();
+        let first = rt.block_on(reader.next()).unwrap().unwrap();
+        assert_eq!(&first[..], b"first ");
+        // Written after the reader started: still read, in order.
+        writer.write_all(&vec![7u8; BLOCK_BYTES + 10]).unwrap();
+        writer.write_all(b"last").unwrap();
+        writer.finish().unwrap();
+        let rest: Vec<u8> = rt.block_on(async {
+            let mut out = Vec::new();
+            while let Some(chunk) = reader.next().await {
+                out.extend_from_slice(&chunk.unwrap());
+            }
+            out
+        });
+        assert_eq!(rest.len(), BLOCK_BYTES + 14);
+        assert!(rest.ends_with(b"last"));
+        assert_eq!(file.size(), Some(6 + BLOCK_BYTES as u64 + 14));
+        drop((reader, writer, file));
+        assert_eq!(
+            counters.live_bytes.load(Ordering::Relaxed),
+            0,
+            "blocks not freed"
+        );
+    }
+}

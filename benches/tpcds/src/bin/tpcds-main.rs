@@ -107,6 +107,9 @@ struct Args {
     /// Run every stage of a query's plan as its own process (tcp only).
     #[arg(long)]
     stage_processes: bool,
+    /// Print each query's physical plan (EXPLAIN) instead of running it.
+    #[arg(long)]
+    explain: bool,
 }
 
 /// Where a stage process finds its memory servers, data and run directory.
@@ -362,6 +365,13 @@ fn main() -> Result<()> {
         ],
     };
 
+    if args.explain {
+        for q in &queries {
+            let sql = scad_tpcds::engine::query_sql(&set, q)?;
+            println!("-- {q}\n{}", session.explain(&sql)?);
+        }
+        return Ok(());
+    }
     println!(
         "\n{:<5} {:>10} {:>8} {:>11} {:>23} {:>17}  result",
         "query", "time", "rows", "moved", "peak local / budget", "spilled"
