@@ -370,7 +370,7 @@ fn main() -> Result<()> {
         0
     };
     let budget = parse_budget(&args.budget, largest)?;
-    let element_size = (512u64 << 20).max((args.sf * (2u64 << 30) as f64) as u64);
+    let element_size = (512u64 << 20).max((args.sf * (4u64 << 30) as f64) as u64);
     println!(
         "TPC-DS SF {} ({}), {} queries, budget {}",
         args.sf,

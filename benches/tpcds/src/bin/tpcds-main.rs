@@ -87,7 +87,7 @@ struct Args {
     /// Memory elements to start (embedded, shm, local, redis).
     #[arg(long, default_value_t = 2)]
     elements: usize,
-    /// Bytes per memory element (default: 512M or 2G per scale factor unit, whichever
+    /// Bytes per memory element (default: 512M or 4G per scale factor unit, whichever
     /// is larger).
     #[arg(long)]
     element_size: Option<String>,
@@ -280,7 +280,7 @@ fn main() -> Result<()> {
 
     let element_size = match &args.element_size {
         Some(s) => parse_budget(s, 0).context("--element-size")?,
-        None => (512u64 << 20).max((args.sf * (2u64 << 30) as f64) as u64),
+        None => (512u64 << 20).max((args.sf * (4u64 << 30) as f64) as u64),
     };
     let mut _redis_server = None;
     let mut cluster = if !args.servers.is_empty() {
