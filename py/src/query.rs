@@ -66,6 +66,62 @@ impl PyQuerySession {
         detach(py, || self.inner.explain(query).map_err(frame_err))
     }
 
+    /// The stages of `query` (see `QuerySession::stages` in scad-remote-frame) as JSON:
+    /// `{"stages": [{"id", "inputs", "operator", "partitions", "columns"}], "ordered"}`.
+    fn stages(&self, py: Python<'_>, query: &str) -> PyResult<String> {
+        detach(py, || {
+            let plan = self.inner.stages(query).map_err(frame_err)?;
+            serde_json::to_string(&plan)
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+        })
+    }
+
+    /// Runs stage `stage` of `query` from its inputs' outputs (`inputs`: stage number
+    /// -> the frame metadata JSON of each of its output partitions) and writes its
+    /// output to memory elements; returns the output's frame metadata (one per
+    /// partition) and what the stage did (as `QueryResult.stats`, plus
+    /// `bytes_written`).
+    fn run_stage<'py>(
+        &self,
+        py: Python<'py>,
+        query: &str,
+        stage: usize,
+        inputs: std::collections::BTreeMap<usize, Vec<String>>,
+    ) -> PyResult<(Vec<String>, Bound<'py, PyDict>)> {
+        let env = self.inner.env().clone();
+        let (metas, stats, written) = detach(py, || {
+            let mut frames = std::collections::BTreeMap::new();
+            for (id, metas) in &inputs {
+                let opened = metas
+                    .iter()
+                    .map(|m| scad_remote_frame::RemoteFrame::from_json(&env, m))
+                    .collect::<scad_remote_frame::Result<Vec<_>>>()
+                    .map_err(frame_err)?;
+                frames.insert(*id, opened);
+            }
+            let out = self
+                .inner
+                .run_stage(query, stage, &frames)
+                .map_err(frame_err)?;
+            let metas = out
+                .frames
+                .iter()
+                .map(|f| f.to_json())
+                .collect::<scad_remote_frame::Result<Vec<_>>>()
+                .map_err(frame_err)?;
+            Ok::<_, PyErr>((metas, out.stats, out.bytes_written))
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("elapsed_s", stats.elapsed.as_secs_f64())?;
+        d.set_item("rows", stats.rows)?;
+        d.set_item("peak_local_bytes", stats.peak_local_bytes)?;
+        d.set_item("budget", Some(stats.budget).filter(|b| *b != u64::MAX))?;
+        d.set_item("scan_bytes", stats.scan_bytes)?;
+        d.set_item("spill_files", stats.spill_files)?;
+        d.set_item("bytes_written", written)?;
+        Ok((metas, d))
+    }
+
     /// Bytes of remote memory spill files hold now (0 between queries).
     #[getter]
     fn spill_bytes_held(&self) -> u64 {

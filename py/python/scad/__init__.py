@@ -20,8 +20,9 @@ from ._native import (BudgetExceededError, MemoryServer, QueryError, ScadError, 
 from .array import RemoteArray, Store
 from .frame import FrameEnv, RemoteFrame, col, lit, when
 from .query import QueryResult, QuerySession, explain, sql
+from .stages import write_stage_dag
 
 __all__ = ["RemoteArray", "Store", "MemoryServer", "ScadError", "TerminatedError", "BudgetExceededError",
            "QueryError", "UnknownNameError", "parse_size", "FrameEnv", "RemoteFrame", "col", "lit", "when",
-           "QuerySession", "QueryResult", "sql", "explain"]
+           "QuerySession", "QueryResult", "sql", "explain", "write_stage_dag"]
 __version__ = "0.1.0"

@@ -108,9 +108,17 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--timeout", type=float, default=60.0)
     r.add_argument("--json", default=None, help="also write the report as JSON here")
     r.add_argument("-q", "--quiet", action="store_true", help="do not echo element output")
+    qd = sub.add_parser("query-dag", help="write a SQL query as an element DAG for `scad run`")
+    qd.add_argument("outdir")
+    qd.add_argument("--sql", required=True, help="file with the query")
+    qd.add_argument("--table", action="append", default=[], metavar="NAME=PARQUET", help="a table (repeatable)")
+    qd.add_argument("--budget", default=None, help="local memory of every stage (e.g. 64M)")
+    qd.add_argument("--memory", default="1G", help="size of the memory element (default 1G)")
     for name in passthrough:
         sub.add_parser(name, help=f"same as the {name} command", add_help=False)
     args = p.parse_args(argv)
+    if args.cmd == "query-dag":
+        return _query_dag(args)
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr))
     try:
         report = run_dag(args.dagdir, args.dir, args.jobs, args.host, args.timeout, log)
@@ -128,7 +136,34 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
             json.dump(report.to_json(), f, indent=2)
     return 0
 
+def _query_dag(args: argparse.Namespace) -> int:
+    """``scad query-dag``: writes the DAG, prints its stages."""
+    from . import ScadError, parse_size
+    from .stages import write_stage_dag
+
+    tables = {}
+    for t in args.table:
+        name, sep, path = t.partition("=")
+        if not sep or not name or not path:
+            print(f"scad query-dag: --table {t!r} is not NAME=PARQUET", file=sys.stderr)
+            return 2
+        tables[name] = path
+    try:
+        with open(args.sql, encoding="utf-8") as f:
+            sql = f.read()
+        budget = None if args.budget is None else parse_size(args.budget)
+        plan = write_stage_dag(sql, tables, args.outdir, budget=budget,
+                               memory_mb=max(1, parse_size(args.memory) >> 20))
+    except (OSError, ValueError, ScadError) as e:
+        print(f"scad query-dag: {e}", file=sys.stderr)
+        return 2
+    for s in plan["stages"]:
+        print(f"stage_{s['id']}: reads {s['inputs']}: {s['operator']}")
+    print(f"wrote {args.outdir}: run it with `scad run {args.outdir}`")
+    return 0
+
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     sys.exit(scad_main())
+

@@ -33,7 +33,8 @@ budget. Planning and running release the GIL.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import json
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
 from .frame import FrameEnv, RemoteFrame
@@ -154,6 +155,24 @@ class QuerySession:
     def explain(self, query: str) -> str:
         """The physical plan of ``query`` (EXPLAIN), without running it."""
         return self._raw.explain(_text(query))
+
+    def stages(self, query: str) -> Dict[str, Any]:
+        """``query`` cut into stages at its pipeline breakers (join build sides, final
+        aggregates, the root), children first: ``{"stages": [{"id", "inputs",
+        "operator", "partitions", "columns"}, ...], "ordered": bool}``. Every session
+        over the same tables with the same budget finds the same stages."""
+        return json.loads(self._raw.stages(_text(query)))
+
+    def run_stage(self, query: str, stage: int,
+                  inputs: Optional[Dict[int, List[str]]] = None) -> Tuple[List[str], Dict[str, Any]]:
+        """Runs stage ``stage`` of ``query`` from its inputs' outputs (``inputs``: stage
+        number -> the frame metadata of each of its output partitions, as earlier
+        calls returned them, in this process or another) and writes its output to
+        memory elements. Returns the output's frame metadata (one per partition;
+        :meth:`scad.RemoteFrame.from_meta` opens them) and what the stage did."""
+        metas, stats = self._raw.run_stage(_text(query), int(stage),
+                                           {int(k): list(v) for k, v in (inputs or {}).items()})
+        return list(metas), dict(stats)
 
     def __repr__(self) -> str:
         return f"QuerySession(budget={self.env.budget}, tables={self.tables})"
