@@ -40,6 +40,7 @@
 //! ```
 
 mod join;
+mod lazy;
 mod numeric;
 mod scan;
 mod spill;
@@ -70,6 +71,7 @@ use crate::env::FrameEnv;
 use crate::error::{Error, Result};
 use crate::frame::RemoteFrame;
 use crate::interop;
+pub use lazy::{expr, LazyQuery};
 use scan::RemoteTable;
 use spill::{RemoteSpillFactory, SpillCounters};
 pub use stage::{Stage, StageOutput, StagePlan};
@@ -341,14 +343,18 @@ impl QuerySession {
             .with_allow_ddl(false)
             .with_allow_dml(false)
             .with_allow_statements(false);
+        let df = self
+            .runtime
+            .block_on(self.ctx.sql_with_options(sql, options))
+            .map_err(query_error)?;
+        self.plan_logical(df.logical_plan())
+    }
+
+    /// Optimizes a logical plan (the analyzer rules included) and plans it physically.
+    fn plan_logical(&self, plan: &LogicalPlan) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
         self.runtime.block_on(async {
-            let df = self
-                .ctx
-                .sql_with_options(sql, options)
-                .await
-                .map_err(query_error)?;
             let state = self.ctx.state();
-            let logical = state.optimize(df.logical_plan()).map_err(query_error)?;
+            let logical = state.optimize(plan).map_err(query_error)?;
             let physical = state
                 .create_physical_plan(&logical)
                 .await
@@ -375,11 +381,19 @@ impl QuerySession {
     /// and type errors; [`Error::OutOfBudget`] when an operator that cannot spill
     /// needs more than the budget; transport errors from the scans.
     pub fn sql(&self, sql: &str) -> Result<QueryOutput> {
+        self.run(|| self.plan(sql))
+    }
+
+    /// Plans with `plan` and runs the result, measured, one query at a time.
+    fn run(
+        &self,
+        plan: impl FnOnce() -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)>,
+    ) -> Result<QueryOutput> {
         // One query at a time: the budget and the spill accounting are the session's.
         let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let start = Instant::now();
         let before = self.measure_start();
-        let (logical, physical) = self.plan(sql)?;
+        let (logical, physical) = plan()?;
         let collected = self
             .runtime
             .block_on(collect(physical.clone(), self.ctx.task_ctx()));
