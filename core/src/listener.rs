@@ -341,22 +341,17 @@ fn accept_loop<R, S>(
             );
         }
         next_id += 1;
-        let id = next_id;
-        hub.active.fetch_add(1, Ordering::SeqCst);
-        let mut live = hub.live.lock().unwrap_or_else(PoisonError::into_inner);
-        live.handlers.retain(|h| !h.is_finished());
-        if let Ok(clone) = stream.try_clone() {
-            live.streams.insert(id, clone);
-        }
-        let conn_hub = Arc::clone(hub);
+        let slot = ConnectionSlot::take(hub, next_id, stream.try_clone().ok());
         let serve = Arc::clone(serve);
         let refuse = Arc::clone(refuse);
         if admission == Admission::Serve {
             hub.accepted.fetch_add(1, Ordering::Relaxed);
         }
         let spawned = std::thread::Builder::new()
-            .name(format!("{thread_prefix}-conn-{id}"))
+            .name(format!("{thread_prefix}-conn-{next_id}"))
             .spawn(move || {
+                // Released when the handler ends, by returning or by panicking.
+                let _slot = slot;
                 let mut stream = stream;
                 match admission {
                     Admission::Serve => serve(stream, &peer),
@@ -365,28 +360,95 @@ fn accept_loop<R, S>(
                         refuse(&mut stream, &peer, Refusal::Protected);
                     }
                 }
-                conn_hub
-                    .live
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .streams
-                    .remove(&id);
-                conn_hub.active.fetch_sub(1, Ordering::SeqCst);
             });
+        // A thread that could not be spawned dropped its closure, and the slot in it.
         match spawned {
-            Ok(h) => live.handlers.push(h),
-            Err(e) => {
-                warn!(error = %e, "cannot spawn a connection thread");
-                live.streams.remove(&id);
-                hub.active.fetch_sub(1, Ordering::SeqCst);
+            Ok(h) => {
+                let mut live = hub.live.lock().unwrap_or_else(PoisonError::into_inner);
+                live.handlers.retain(|h| !h.is_finished());
+                live.handlers.push(h);
             }
+            Err(e) => warn!(error = %e, "cannot spawn a connection thread"),
         }
+    }
+}
+
+/// One connection's place under the hub's limit: counted while it lives, its stream
+/// registered for shutdown; both released when it drops (a handler that panics
+/// releases it too).
+struct ConnectionSlot {
+    hub: Arc<Hub>,
+    id: u64,
+}
+
+impl ConnectionSlot {
+    fn take(hub: &Arc<Hub>, id: u64, stream: Option<TcpStream>) -> Self {
+        hub.active.fetch_add(1, Ordering::SeqCst);
+        if let Some(stream) = stream {
+            hub.live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .streams
+                .insert(id, stream);
+        }
+        ConnectionSlot {
+            hub: Arc::clone(hub),
+            id,
+        }
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.hub
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .streams
+            .remove(&self.id);
+        self.hub.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handler_that_panics_gives_its_connection_slot_back() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hub = Arc::new(Hub::new(
+            addr,
+            1,
+            Protection {
+                token_configured: false,
+                unprotected: false,
+            },
+        ));
+        let acceptor = spawn_acceptor(
+            Arc::clone(&hub),
+            listener,
+            "test",
+            |_, _, _| {},
+            |_stream, _peer| panic!("a handler bug"),
+        )
+        .unwrap();
+        // With a limit of one connection, the second and third are served only if
+        // the panicking handlers before them released their slots.
+        for served in 1..=3 {
+            let _c = TcpStream::connect(addr).unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while hub.accepted() < served || hub.active() > 0 {
+                assert!(std::time::Instant::now() < deadline, "slot never released");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        assert_eq!(hub.accepted(), 3);
+        assert_eq!(hub.refused(), 0);
+        assert_eq!(hub.active(), 0);
+        hub.finish(Some(acceptor));
+    }
 
     #[test]
     fn connectable_turns_wildcards_into_loopback() {
