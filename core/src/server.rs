@@ -171,12 +171,19 @@ impl RegionGrant {
     }
 }
 
-/// Parses a byte count with an optional K, M, G or T suffix (powers of 1024).
+/// Parses a byte count with an optional K, M, G or T suffix (powers of 1024), also
+/// written as element limits are (`512 MB`, `1GiB`, `4096 B`): the one size parser
+/// of the server, the `memory_server` command line and the wheel.
 ///
 /// # Errors
 /// A message naming what is wrong.
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
+    // A unit written out: `MB`, `MiB`, `B` (all powers of 1024, as the limits mean).
+    let t = match t.strip_suffix(['B', 'b']) {
+        Some(rest) => rest.strip_suffix('i').unwrap_or(rest).trim_end(),
+        None => t,
+    };
     let (digits, shift) = match t.char_indices().last() {
         Some((i, 'K' | 'k')) => (&t[..i], 10),
         Some((i, 'M' | 'm')) => (&t[..i], 20),
@@ -184,6 +191,7 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         Some((i, 'T' | 't')) => (&t[..i], 40),
         _ => (t, 0),
     };
+    let digits = digits.trim_end();
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!(
             "{s:?} is not a number with an optional K/M/G/T suffix"
@@ -1142,6 +1150,13 @@ mod tests {
         assert!(parse_bytes("K").is_err());
         assert!(parse_bytes("-1").is_err());
         assert!(parse_bytes("99999999999T").is_err());
+        assert_eq!(parse_bytes("512 MB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("4096 B"), Ok(4096));
+        assert_eq!(parse_bytes(" 64 kb "), Ok(64 << 10));
+        for bad in ["MB", "B", "1.5G", "1 2M", "1XB", "iB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -117,32 +117,8 @@ impl PyMemoryServer {
 #[pyfunction]
 #[pyo3(name = "parse_size")]
 pub fn py_parse_size(s: &str) -> PyResult<u64> {
-    parse_size(s).map_err(PyValueError::new_err)
-}
-
-/// Parses `4096`, `64K`, `512M`, `1G`, `2T` (powers of 1024), and `512 MB` as in
-/// element limits.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().trim_end_matches(['B', 'b']).trim_end();
-    let t = t.trim_end_matches(['i']);
-    let (digits, shift) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 10),
-        Some((i, 'M' | 'm')) => (&t[..i], 20),
-        Some((i, 'G' | 'g')) => (&t[..i], 30),
-        Some((i, 'T' | 't')) => (&t[..i], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("size {s:?} is not a number with an optional K/M/G/T suffix"))?;
-    let size = n
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))?;
-    if size == 0 {
-        return Err("size must be greater than 0".into());
-    }
-    Ok(size)
+    // The one size parser, as `memory_server` takes sizes (zero refused).
+    scad_memory_server::parse_size(s).map_err(PyValueError::new_err)
 }
 
 /// The `memory_server` console script: parses `argv` (program name first) exactly as

@@ -2,8 +2,8 @@
 
 use crate::error::TpcdsError;
 
-/// Parses a budget: bytes with an optional `K`/`M`/`G` suffix (binary), or a
-/// percentage of `largest` (`25%`).
+/// Parses a budget: bytes as every size is parsed (`64M`, `1G`, `512 MB`; see
+/// `scad_core::server::parse_bytes`), or a percentage of `largest` (`25%`).
 ///
 /// # Errors
 /// [`TpcdsError::Invalid`] for anything else or zero.
@@ -21,17 +21,7 @@ pub fn parse_budget(text: &str, largest: u64) -> Result<u64, TpcdsError> {
         }
         (largest as f64 * p / 100.0) as u64
     } else {
-        let (num, mult) = match t.chars().last() {
-            Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-            Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-            Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-            _ => (t, 1),
-        };
-        let n: f64 = num.trim().parse().map_err(|_| bad())?;
-        if n.is_nan() || n <= 0.0 {
-            return Err(bad());
-        }
-        (n * mult as f64) as u64
+        scad_core::server::parse_bytes(t).map_err(|_| bad())?
     };
     if value == 0 {
         return Err(bad());
