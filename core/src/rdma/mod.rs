@@ -56,6 +56,7 @@ mod context;
 mod cq;
 mod device;
 pub mod exchange;
+mod inventory;
 mod mr;
 mod pd;
 mod qp;
@@ -63,6 +64,7 @@ mod server;
 mod session;
 mod transport;
 
-pub use device::{list_devices, DeviceInfo, GidEntry, LinkLayer, PortInfo};
+pub use device::{DeviceInfo, GidEntry, LinkLayer, PortInfo};
+pub use inventory::list_devices;
 pub use server::{RdmaServer, RdmaServerConfig, RdmaServerStats, RdmaShutdownHandle};
 pub use transport::{RdmaOptions, RdmaTransport};
