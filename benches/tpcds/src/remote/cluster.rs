@@ -8,14 +8,13 @@ use std::time::Duration;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{LocalTransport, ShmTransport, TcpOptions, TcpTransport};
 use scad_core::Transport;
-use scad_remote_array::{AllocationState, BufferPool, RemoteAllocator, RemoteStore};
+use scad_remote_array::{BufferPool, RemoteStore};
 use scad_remote_frame::{FrameEnv, DEFAULT_CHUNK_ROWS};
 
 use super::error::RemoteError;
-use super::handoff::{Handoff, SEAL_BYTES};
 
 /// Alignment of allocations in memory elements (the frames' buffer alignment).
-const ALIGN: u64 = 64;
+pub(super) const ALIGN: u64 = 64;
 
 /// How the memory elements are reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,57 +273,6 @@ impl Cluster {
                     "memory element {name:?} is not in this cluster (it has {})",
                     self.element_names().join(", ")
                 ))
-            })
-    }
-
-    /// Moves every element's allocator past the frames and seals of `handoffs`, so
-    /// that a stage running in a new process does not allocate over frames other stages
-    /// wrote (it knows them only by their handoffs).
-    ///
-    /// # Errors
-    /// [`RemoteError::Alloc`] for an element the cluster lacks or a range beyond it.
-    pub fn reserve_past(&self, handoffs: &[&Handoff]) -> Result<(), RemoteError> {
-        let store = self.env.store();
-        let mut next = AllocationState::default();
-        for a in &store.allocation_state().allocators {
-            let end = handoffs
-                .iter()
-                .flat_map(|h| {
-                    h.frame
-                        .chunks
-                        .iter()
-                        .filter(|c| c.element == a.element())
-                        .map(|c| c.addr.saturating_add(c.bytes))
-                        .chain(
-                            (h.seal.element == a.element())
-                                .then(|| h.seal.addr.saturating_add(SEAL_BYTES)),
-                        )
-                })
-                .max();
-            let Some(end) = end else { continue };
-            if end <= a.high_water() {
-                continue;
-            }
-            let range = a.range();
-            let alloc_err = |source| RemoteError::Alloc {
-                context: format!("reserving {} up to {end:#x}", a.element()),
-                source,
-            };
-            let mut fresh =
-                RemoteAllocator::new(a.element(), range.clone(), ALIGN).map_err(alloc_err)?;
-            fresh
-                .allocate(end.saturating_sub(range.start))
-                .map_err(|source| RemoteError::Alloc {
-                    context: format!("reserving {} up to {end:#x}", a.element()),
-                    source,
-                })?;
-            next.allocators.push(fresh);
-        }
-        store
-            .resume_allocation(&next)
-            .map_err(|source| RemoteError::Alloc {
-                context: "resuming allocation past the handed-on frames".into(),
-                source,
             })
     }
 }

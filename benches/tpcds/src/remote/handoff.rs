@@ -12,10 +12,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use scad_remote_array::{AllocationState, RemoteAllocator};
 use scad_remote_frame::{FrameEnv, FrameMeta, RemoteFrame};
 use serde::{Deserialize, Serialize};
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ALIGN};
 use super::error::{FrameContext, RemoteError};
 
 /// Version of the handoff JSON.
@@ -299,5 +300,60 @@ impl Handoff {
             }
         }
         Ok(())
+    }
+}
+
+/// Allocation past handed-on frames: here rather than in `cluster.rs`, so that the
+/// cluster does not depend on handoffs (handoffs depend on the cluster).
+impl Cluster {
+    /// Moves every element's allocator past the frames and seals of `handoffs`, so
+    /// that a stage running in a new process does not allocate over frames other stages
+    /// wrote (it knows them only by their handoffs).
+    ///
+    /// # Errors
+    /// [`RemoteError::Alloc`] for an element the cluster lacks or a range beyond it.
+    pub fn reserve_past(&self, handoffs: &[&Handoff]) -> Result<(), RemoteError> {
+        let store = self.env().store();
+        let mut next = AllocationState::default();
+        for a in &store.allocation_state().allocators {
+            let end = handoffs
+                .iter()
+                .flat_map(|h| {
+                    h.frame
+                        .chunks
+                        .iter()
+                        .filter(|c| c.element == a.element())
+                        .map(|c| c.addr.saturating_add(c.bytes))
+                        .chain(
+                            (h.seal.element == a.element())
+                                .then(|| h.seal.addr.saturating_add(SEAL_BYTES)),
+                        )
+                })
+                .max();
+            let Some(end) = end else { continue };
+            if end <= a.high_water() {
+                continue;
+            }
+            let range = a.range();
+            let alloc_err = |source| RemoteError::Alloc {
+                context: format!("reserving {} up to {end:#x}", a.element()),
+                source,
+            };
+            let mut fresh =
+                RemoteAllocator::new(a.element(), range.clone(), ALIGN).map_err(alloc_err)?;
+            fresh
+                .allocate(end.saturating_sub(range.start))
+                .map_err(|source| RemoteError::Alloc {
+                    context: format!("reserving {} up to {end:#x}", a.element()),
+                    source,
+                })?;
+            next.allocators.push(fresh);
+        }
+        store
+            .resume_allocation(&next)
+            .map_err(|source| RemoteError::Alloc {
+                context: "resuming allocation past the handed-on frames".into(),
+                source,
+            })
     }
 }
