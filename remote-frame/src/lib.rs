@@ -79,11 +79,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod codec;
+pub(crate) mod codec;
 pub mod env;
 pub mod error;
 pub mod frame;
-pub mod hash;
+pub(crate) mod hash;
 mod interop;
 pub mod kernels;
 pub mod meta;
