@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 import pytest
@@ -42,3 +43,17 @@ def run_cli(*args, cwd=None, env=None, timeout=120):
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "scad.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env=e, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tpcds_dir():
+    """TPC-DS at SF 0.01 (text tables, Parquet, DuckDB's reference answers), generated
+    once into data/tpcds by benches/tpcds/gen_data.py."""
+    pytest.importorskip("duckdb", reason="benches/tpcds/gen_data.py needs duckdb (bash scripts/setup.sh installs it)")
+    root = os.path.join(REPO, "data", "tpcds")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "benches", "tpcds", "gen_data.py"), "--sf", "0.01",
+                        "--out", root, "--quiet"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = os.path.join(root, "sf0.01")
+    assert os.path.exists(os.path.join(d, "text", "store_returns.dat"))
+    return d

@@ -2,26 +2,8 @@
 npjoin joins over the |-delimited text tables) against DuckDB's reference answer."""
 import json
 import os
-import subprocess
-import sys
 
-import pytest
-
-from conftest import DAGS, REPO, run_cli
-
-SF = "0.01"
-
-
-@pytest.fixture(scope="module")
-def tpcds_dir():
-    pytest.importorskip("duckdb", reason="benches/tpcds/gen_data.py needs duckdb (bash scripts/setup.sh installs it)")
-    root = os.path.join(REPO, "data", "tpcds")
-    r = subprocess.run([sys.executable, os.path.join(REPO, "benches", "tpcds", "gen_data.py"), "--sf", SF, "--out", root,
-                        "--quiet"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    d = os.path.join(root, f"sf{SF}")
-    assert os.path.exists(os.path.join(d, "text", "store_returns.dat"))
-    return d
+from conftest import DAGS, run_cli
 
 
 def reference_ids(d):

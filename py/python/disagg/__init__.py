@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from scad import _native
 from scad._native import ScadError, TerminatedError
@@ -135,9 +135,9 @@ class LocalRuntime:
             spec.update(props)
         mem = (spec.get("limits") or {}).get("mem", spec.get("mem", self.DEFAULT_MEM))
         size = mem if isinstance(mem, int) else _native.parse_size(str(mem))
-        server = _native.MemoryServer(size)
+        server, address = self._start(trans, size)
         try:
-            self._action.add_transport(f"{trans};rdma_tcp;url,{server.url};")
+            self._action.add_transport(f"{trans};rdma_tcp;{address}")
         except BaseException:
             server.shutdown()
             raise
@@ -146,6 +146,12 @@ class LocalRuntime:
             self._element_of[trans] = trans
             self.templates.setdefault(trans, spec)
         return trans
+
+    def _start(self, name: str, size: int) -> Tuple[Any, str]:
+        """Starts memory element ``name`` of ``size`` bytes: a handle with
+        ``shutdown()`` and the durl fields that reach it (``url,...;`` and a token)."""
+        server = _native.MemoryServer(size)
+        return server, f"url,{server.url};"
 
     def release(self, name: str) -> None:
         names = self._action._native.names()

@@ -104,7 +104,10 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("dagdir")
     r.add_argument("-d", "--dir", default=None, help="output directory (default: a new temporary one)")
     r.add_argument("-j", "--jobs", type=int, default=None, help="element instances run at once (default: CPUs)")
-    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--host", default=None, help="address the memory servers listen on (default 127.0.0.1)")
+    r.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray: memory elements as actors, compute elements as tasks; ADDRESS of the "
+                        "cluster (`auto`: the one this machine joined), none: a new local Ray instance")
     r.add_argument("--timeout", type=float, default=60.0)
     r.add_argument("--json", default=None, help="also write the report as JSON here")
     r.add_argument("-q", "--quiet", action="store_true", help="do not echo element output")
@@ -121,7 +124,19 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
         return _query_dag(args)
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr))
     try:
-        report = run_dag(args.dagdir, args.dir, args.jobs, args.host, args.timeout, log)
+        if args.ray is not None:
+            from .ray_runner import RayUnavailableError, run_dag_ray
+
+            if args.jobs is not None or args.host is not None:
+                print("scad run: --ray places elements itself; -j and --host do not apply", file=sys.stderr)
+                return 2
+            try:
+                report = run_dag_ray(args.dagdir, args.ray or None, args.dir, args.timeout, log)
+            except RayUnavailableError as e:
+                print(f"scad run: {e}", file=sys.stderr)
+                return 2
+        else:
+            report = run_dag(args.dagdir, args.dir, args.jobs, args.host or "127.0.0.1", args.timeout, log)
     except (DagError, ElementError) as e:
         print(f"scad run: {e}", file=sys.stderr)
         return 2

@@ -17,13 +17,13 @@ import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _native
 from .dag import Dag, Element, ElementError, load_dag, parse_element
 
-__all__ = ["parse_memory_spec", "ParentOutput", "load_parent_outputs", "run_element", "run_dag",
-           "DagRunError", "RunReport"]
+__all__ = ["parse_memory_spec", "ParentOutput", "parent_params", "load_parent_outputs", "call_element",
+           "write_outputs", "run_element", "run_dag", "DagRunError", "RunReport"]
 
 _IMPLS = {"tcp": "rdma_tcp", "rdma": "rdma_uverbs", "uverbs": "rdma_uverbs", "local": "rdma_local",
           "shm": "rdma_shm"}
@@ -82,11 +82,24 @@ def _index_of(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def parent_params(outputs: Dict[str, List[Any]], parents: List[str]) -> Dict[str, Any]:
+    """``params`` for an element from its parents' outputs (parent -> results in
+    instance order): one output becomes a :class:`ParentOutput`, several a list."""
+    params: Dict[str, Any] = {}
+    for p in parents:
+        outs = outputs[p]
+        if len(outs) == 1 and isinstance(outs[0], dict):
+            params[p] = ParentOutput(outs[0])
+        else:
+            params[p] = [ParentOutput(o) if isinstance(o, dict) else o for o in outs]
+    return params
+
+
 def load_parent_outputs(directory: str, parents: List[str]) -> Dict[str, Any]:
     """``params`` for an element: each parent's outputs from
     ``DIR/rundisagg.<parent>[@i].json`` (one output: a :class:`ParentOutput`; several:
     a list in instance order)."""
-    params: Dict[str, Any] = {}
+    outputs: Dict[str, List[Any]] = {}
     for p in parents:
         files = [f for f in glob.glob(os.path.join(directory, f"rundisagg.{glob.escape(p)}*.json"))
                  if re.fullmatch(rf"rundisagg\.{re.escape(p)}(@\d+)?\.json", os.path.basename(f))]
@@ -96,11 +109,8 @@ def load_parent_outputs(directory: str, parents: List[str]) -> Dict[str, Any]:
         for f in sorted(files, key=_index_of):
             with open(f, encoding="utf-8") as fh:
                 outs.append(json.load(fh))
-        if len(outs) == 1 and isinstance(outs[0], dict):
-            params[p] = ParentOutput(outs[0])
-        else:
-            params[p] = [ParentOutput(o) if isinstance(o, dict) else o for o in outs]
-    return params
+        outputs[p] = outs
+    return parent_params(outputs, parents)
 
 
 def _load_main(path: str):
@@ -129,45 +139,78 @@ def _memory_templates(directory: str) -> Dict[str, Dict[str, Any]]:
     return templates
 
 
+def call_element(path: str, memories: List[Tuple[str, str]], params: Dict[str, Any],
+                 index: Optional[int] = None, timeout: float = 60.0,
+                 prepare: Optional[Callable[[Any], None]] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Calls compute element ``path``'s ``main(params, action)`` with transports
+    ``memories`` ([(name, durl)]; a durl may lack its address, to be configured later
+    through the action's ``config_transport``). ``prepare(action)`` runs before
+    ``main`` (to configure transports late or replace ``action.runtime``, whose default
+    starts in-process memory servers). Returns the result
+    (a dict) and the stats (seconds, bytes per transport)."""
+    import disagg  # the drop-in module, imported lazily so scad works without it
+
+    element = parse_element(path)
+    if element.kind != "compute":
+        raise ElementError(f"{path}: only compute elements (*.o.py) run")
+    saved = os.environ.get("__OW_PAR")
+    if index is not None:
+        os.environ["__OW_PAR"] = str(index)
+    try:
+        main = _load_main(path)
+        action = disagg.LibdAction(threading.Condition(), element.name, name=element.name, timeout=timeout,
+                                   templates=_memory_templates(os.path.dirname(os.path.abspath(path))))
+        for _, durl in memories:
+            action.add_transport(durl)
+        if prepare is not None:
+            prepare(action)
+        start = time.perf_counter()
+        try:
+            result = main(params, action)
+        finally:
+            seconds = time.perf_counter() - start
+            stats = action.transport_stats()
+            action.terminate()
+    finally:
+        if index is not None:
+            if saved is None:
+                os.environ.pop("__OW_PAR", None)
+            else:
+                os.environ["__OW_PAR"] = saved
+    if result is None:
+        result = {}
+    if not isinstance(result, dict):
+        raise TypeError(f"{element.name}: main returned {type(result).__name__}, not a dict")
+    return result, {"seconds": seconds, "transports": stats}
+
+
+def write_outputs(directory: str, name: str, index: Optional[int], result: Dict[str, Any],
+                  stats: Dict[str, Any]) -> None:
+    """Writes ``rundisagg.<name>[@index].json`` (the result, atomically) and its
+    ``.stats.json`` in ``directory``, where children read them."""
+    suffix = f"@{index}" if index is not None else ""
+    out = os.path.join(directory, f"rundisagg.{name}{suffix}.json")
+    tmp = out + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    os.replace(tmp, out)
+    with open(os.path.join(directory, f"rundisagg.{name}{suffix}.stats.json"), "w", encoding="utf-8") as f:
+        json.dump(stats, f)
+
+
 def run_element(path: str, memories: List[Tuple[str, str]], directory: str = "/tmp",
                 index: Optional[int] = None, extra_params: Optional[Dict[str, Any]] = None,
                 timeout: float = 60.0) -> Dict[str, Any]:
     """Runs compute element ``path`` with transports ``memories`` ([(name, durl)]),
     parents' outputs from ``directory``; writes ``rundisagg.<name>[@index].json`` and
     a ``.stats.json`` beside it (seconds, bytes per transport). Returns the result."""
-    import disagg  # the drop-in module, imported lazily so scad works without it
-
     element = parse_element(path)
     if element.kind != "compute":
         raise ElementError(f"{path}: rundisagg runs compute elements (*.o.py)")
-    if index is not None:
-        os.environ["__OW_PAR"] = str(index)
     params: Dict[str, Any] = load_parent_outputs(directory, element.parents)
     params.update(extra_params or {})
-    main = _load_main(path)
-    action = disagg.LibdAction(threading.Condition(), element.name, name=element.name, timeout=timeout,
-                               templates=_memory_templates(os.path.dirname(os.path.abspath(path))))
-    for _, durl in memories:
-        action.add_transport(durl)
-    start = time.perf_counter()
-    try:
-        result = main(params, action)
-    finally:
-        seconds = time.perf_counter() - start
-        stats = action.transport_stats()
-        action.terminate()
-    if result is None:
-        result = {}
-    if not isinstance(result, dict):
-        raise TypeError(f"{element.name}: main returned {type(result).__name__}, not a dict")
-    suffix = f"@{index}" if index is not None else ""
-    out = os.path.join(directory, f"rundisagg.{element.name}{suffix}.json")
-    tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f)
-    os.replace(tmp, out)
-    with open(os.path.join(directory, f"rundisagg.{element.name}{suffix}.stats.json"), "w", encoding="utf-8") as f:
-        json.dump({"seconds": seconds, "transports": stats}, f)
+    result, stats = call_element(path, memories, params, index, timeout)
+    write_outputs(directory, element.name, index, result, stats)
     return result
 
 
