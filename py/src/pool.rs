@@ -293,9 +293,12 @@ impl PyStore {
         Ok(RemoteBytes { inner: arr })
     }
 
-    /// Opens an array from metadata JSON (as `RemoteBytes.meta_json` printed it).
+    /// Opens an array from metadata JSON of any element type (as `RemoteBytes.meta_json`
+    /// or Rust's `ArrayMeta::to_json` printed it) as rows of bytes.
     fn open(&self, meta_json: &str) -> PyResult<RemoteBytes> {
-        let meta = ArrayMeta::from_json(meta_json).map_err(array_err)?;
+        let meta = ArrayMeta::from_json(meta_json)
+            .and_then(|m| m.as_byte_rows())
+            .map_err(array_err)?;
         let arr = RemoteArray::from_meta(&self.inner, &meta).map_err(array_err)?;
         Ok(RemoteBytes { inner: arr })
     }
@@ -350,9 +353,22 @@ impl RemoteBytes {
         self.inner.extent_count()
     }
 
-    /// Metadata as JSON.
-    fn meta_json(&self) -> PyResult<String> {
-        self.inner.meta().to_json().map_err(array_err)
+    /// Metadata as JSON: rows of bytes, or with `dtype` (a stable element type name,
+    /// `u8`..`f64`) and `shape` what the bytes hold, so that Rust opens the array
+    /// with its real element type.
+    #[pyo3(signature = (dtype=None, shape=None))]
+    fn meta_json(&self, dtype: Option<&str>, shape: Option<Vec<usize>>) -> PyResult<String> {
+        let meta = self.inner.meta();
+        let meta = match (dtype, shape) {
+            (None, None) => meta,
+            (Some(d), Some(s)) => meta.retyped(d, &s).map_err(array_err)?,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "meta_json takes dtype and shape together",
+                ))
+            }
+        };
+        meta.to_json().map_err(array_err)
     }
 
     /// Rows `[start, end)` without moving data.

@@ -37,6 +37,30 @@ def test_chunks_concat_and_meta(store):
     assert np.array_equal(again.to_numpy(), both.to_numpy())
 
 
+def test_metadata_names_the_element_type_for_rust_and_reads_old_metadata(store):
+    a = np.arange(60, dtype=np.float64).reshape(20, 3)
+    ra = scad.RemoteArray.from_numpy(store, a)
+    rust = ra.meta["extents"]  # what Rust's ArrayMeta::from_json reads
+    assert (rust["dtype"], rust["item_size"], rust["shape"]) == ("f64", 8, [20, 3])
+    # A Rust ArrayMeta opens directly, with its element type.
+    again = scad.RemoteArray.from_meta(store, rust)
+    assert again.dtype == np.float64 and np.array_equal(again.to_numpy(), a)
+    i16 = scad.RemoteArray.from_numpy(store, np.arange(7, dtype=np.int16))
+    assert i16.meta["extents"]["dtype"] == "i16" and i16.meta["extents"]["shape"] == [7]
+    # Metadata written before the element types were named: rows of bytes.
+    old = dict(ra.meta)
+    old["extents"] = dict(rust, dtype="u8", item_size=1, shape=[20, 24])
+    assert np.array_equal(scad.RemoteArray.from_meta(store, old).to_numpy(), a)
+    # Types Python cannot name stay rows of bytes; names Python cannot open are refused.
+    dt = np.dtype([("x", np.int16), ("y", np.float64)])
+    assert scad.RemoteArray.empty(store, 4, dt).meta["extents"]["dtype"] == "u8"
+    assert scad.RemoteArray.from_numpy(store, a.astype(">f8")).meta["extents"]["dtype"] == "u8"
+    with pytest.raises(ValueError, match="is not one of u8, i8"):
+        scad.RemoteArray.from_meta(store, dict(rust, dtype="rust:my::Pair"))
+    with pytest.raises(ValueError, match="extents hold"):
+        scad.RemoteArray.from_meta(store, dict(rust, shape=[21, 3]))
+
+
 def test_structured_and_write(store):
     dt = np.dtype([("x", np.int16), ("y", np.float64)])
     ra = scad.RemoteArray.empty(store, 50, dt)

@@ -32,6 +32,39 @@ fn metadata_round_trips_through_json_to_another_element() {
 }
 
 #[test]
+fn rows_of_bytes_retyped_as_python_writes_them_open_with_their_element_type() {
+    // The Python binding writes every array as rows of bytes and names what they
+    // hold with `retyped`; Rust then opens it as a typed array, and Python opens
+    // Rust's typed arrays as rows of bytes.
+    let env = env(Backend::Tcp, Setup::default());
+    let a = sample().mapv(f64::from);
+    let bytes = Array2::from_shape_vec(
+        (40, 5 * 8),
+        bytemuck::cast_slice::<f64, u8>(a.as_slice().unwrap()).to_vec(),
+    )
+    .unwrap();
+    let raw = RemoteArray::from_array(&env.store, &bytes).unwrap();
+    raw.flush().unwrap();
+    let typed = raw.meta().retyped("f64", &[40, 5]).unwrap();
+    let json = typed.to_json().unwrap();
+    assert!(
+        json.contains("\"dtype\":\"f64\",\"item_size\":8,\"shape\":[40,5]"),
+        "{json}"
+    );
+    let next = reopen(&env, Setup::default());
+    let opened =
+        RemoteArray::<f64, Ix2>::from_meta(&next, &ArrayMeta::from_json(&json).unwrap()).unwrap();
+    assert_eq!(opened.materialize().unwrap(), a);
+    let back =
+        RemoteArray::<u8, Ix2>::from_meta(&next, &opened.meta().as_byte_rows().unwrap()).unwrap();
+    assert_eq!(back.materialize().unwrap(), bytes);
+    assert!(matches!(
+        RemoteArray::<i64, Ix2>::from_meta(&next, &typed),
+        Err(Error::TypeMismatch { .. })
+    ));
+}
+
+#[test]
 fn corrupted_metadata_is_rejected_with_clear_errors() {
     let env = env(Backend::Local, Setup::default());
     let remote = RemoteArray::from_array(&env.store, &sample()).unwrap();

@@ -55,6 +55,28 @@ class Store:
         self._store.flush()
 
 
+#: Stable element type names shared with Rust (``scad_remote_array::array::DTYPES``).
+DTYPES = ("u8", "i8", "u16", "i16", "u32", "i32", "u64", "i64", "f32", "f64")
+
+
+def stable_dtype_name(dtype: Any) -> Optional[str]:
+    """The stable name Rust metadata uses for a NumPy dtype (``float64`` -> ``f64``),
+    or None when it has none (structured, bool, complex, non-native byte order)."""
+    dt = np.dtype(dtype)
+    if dt.names is not None or dt.kind not in "uif" or not dt.isnative:
+        return None
+    name = f"{dt.kind}{dt.itemsize * 8}"
+    return name if name in DTYPES else None
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a stable element type name (``f64`` -> ``float64``)."""
+    if name not in DTYPES:
+        raise ValueError(f"element type {name!r} is not one of {', '.join(DTYPES)}: "
+                         "Python opens only these (and rows of bytes, u8)")
+    return np.dtype(f"={name[0]}{int(name[1:]) // 8}")
+
+
 def _row_bytes(shape: Sequence[int], dtype: np.dtype) -> int:
     return int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if len(shape) > 1 else dtype.itemsize
 
@@ -94,15 +116,27 @@ class RemoteArray:
 
     @property
     def meta(self) -> Dict[str, Any]:
-        """Picklable / JSON-able description; open it with :meth:`from_meta`."""
+        """Picklable / JSON-able description; open it with :meth:`from_meta`.
+
+        ``meta["extents"]`` is the Rust ``ArrayMeta``: for a numeric dtype in native
+        byte order it names the element type (``f64``, ``i32``...) and the real shape,
+        so Rust opens it as ``RemoteArray<f64, IxN>``; other dtypes are rows of bytes."""
         self._raw.flush()
+        stable = stable_dtype_name(self.dtype)
+        typed = self._raw.meta_json(stable, list(self.shape)) if stable else self._raw.meta_json()
         return {"dtype": self.dtype.str if self.dtype.names is None else self.dtype.descr,
-                "shape": list(self.shape), "extents": json.loads(self._raw.meta_json())}
+                "shape": list(self.shape), "extents": json.loads(typed)}
 
     @classmethod
     def from_meta(cls, store: Store, meta: Dict[str, Any]) -> "RemoteArray":
-        """Opens an array from :attr:`meta` (nothing is read yet)."""
+        """Opens an array from :attr:`meta`, or from a Rust ``ArrayMeta`` (its JSON
+        as a dict: ``dtype`` one of the stable names, ``item_size``, ``shape``,
+        ``extents``). Nothing is read yet."""
         try:
+            if "item_size" in meta:  # a Rust ArrayMeta
+                dtype = numpy_dtype(meta["dtype"])
+                raw = store._store.open(json.dumps(meta))
+                return cls(store, raw, dtype, meta["shape"])
             dtype = np.dtype(meta["dtype"] if isinstance(meta["dtype"], str) else [tuple(f) for f in meta["dtype"]])
             raw = store._store.open(json.dumps(meta["extents"]))
             return cls(store, raw, dtype, meta["shape"])

@@ -41,7 +41,8 @@ pub struct Extent {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ArrayMeta {
-    /// Element type name (`std::any::type_name`, e.g. `"f32"`).
+    /// Element type: a stable name (`"f32"`, one of [`crate::array::DTYPES`]) or
+    /// `rust:<type name>` for other types (see [`crate::array::dtype`]).
     pub dtype: String,
     /// Size of one element in bytes.
     pub item_size: usize,
@@ -150,6 +151,55 @@ impl ArrayMeta {
         Ok(())
     }
 
+    /// The same bytes as rows of bytes: element type `u8`, shape `[rows, row bytes]`
+    /// (a 1-D array becomes one column of item-size rows), as a caller that handles
+    /// the element type itself opens any array (`RemoteArray<u8, Ix2>`).
+    ///
+    /// # Errors
+    /// As [`ArrayMeta::validate`].
+    pub fn as_byte_rows(&self) -> Result<ArrayMeta> {
+        self.validate()?;
+        let row_bytes = usize::try_from(self.row_bytes())
+            .map_err(|_| Error::Shape(format!("rows of shape {:?} are too large", self.shape)))?;
+        Ok(ArrayMeta {
+            dtype: "u8".into(),
+            item_size: 1,
+            shape: vec![self.shape[0], row_bytes],
+            extents: self.extents.clone(),
+        })
+    }
+
+    /// The same bytes described as `shape` elements of type `dtype` (one of
+    /// [`crate::array::DTYPES`]): how a caller that wrote rows of bytes (the Python
+    /// binding) says what they hold, so Rust opens them with their real element type.
+    ///
+    /// # Errors
+    /// [`Error::Meta`] for a name outside [`crate::array::DTYPES`]; [`Error::Shape`]
+    /// when `shape` does not cover exactly the bytes, or keeps rows of another size.
+    pub fn retyped(&self, dtype: &str, shape: &[usize]) -> Result<ArrayMeta> {
+        let item_size = super::dtype_size(dtype).ok_or_else(|| {
+            Error::Meta(format!(
+                "element type {dtype:?} is not one of {}",
+                super::DTYPES.join(", ")
+            ))
+        })?;
+        let out = ArrayMeta {
+            dtype: dtype.to_owned(),
+            item_size,
+            shape: shape.to_vec(),
+            extents: self.extents.clone(),
+        };
+        out.validate()?;
+        if out.shape[0] != self.shape.first().copied().unwrap_or(0) {
+            return Err(Error::Shape(format!(
+                "shape {shape:?} has {} rows, the array {}",
+                out.shape[0],
+                self.shape.first().copied().unwrap_or(0)
+            )));
+        }
+        Ok(out)
+    }
+
     /// The metadata of rows `rows` (a view: no data is moved).
     ///
     /// # Errors
@@ -249,6 +299,29 @@ mod tests {
                 },
             ],
         }
+    }
+
+    #[test]
+    fn byte_rows_and_retyping_describe_the_same_bytes() {
+        let m = meta();
+        let rows = m.as_byte_rows().unwrap();
+        assert_eq!((rows.dtype.as_str(), rows.item_size), ("u8", 1));
+        assert_eq!(rows.shape, vec![4, 6]);
+        assert_eq!(rows.extents, m.extents);
+        assert_eq!(rows.retyped("u16", &[4, 3]).unwrap(), m);
+        assert_eq!(rows.retyped("i16", &[4, 3]).unwrap().item_size, 2);
+        // The same 24 bytes in another row count are refused.
+        let e = rows.retyped("f64", &[3]).unwrap_err();
+        assert!(matches!(e, Error::Shape(_)), "{e}");
+        let e = rows.retyped("u16", &[2, 6]).unwrap_err();
+        assert!(e.to_string().contains("2 rows"), "{e}");
+        let e = rows.retyped("float64", &[4, 3]).unwrap_err();
+        assert!(
+            matches!(e, Error::Meta(_)) && e.to_string().contains("u8, i8"),
+            "{e}"
+        );
+        let e = rows.retyped("u16", &[]).unwrap_err();
+        assert!(matches!(e, Error::Shape(_)), "{e}");
     }
 
     #[test]

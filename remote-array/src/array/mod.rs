@@ -1,6 +1,7 @@
 //! [`RemoteArray`]: a typed n-dimensional array whose bytes live in memory elements.
 
 mod chunks;
+pub mod dtype;
 mod meta;
 
 use std::marker::PhantomData;
@@ -16,6 +17,7 @@ use crate::pool::{PoolRange, PoolRead, PoolWrite};
 use crate::store::{ElementRef, Placement, RemoteStore};
 
 pub use chunks::Chunks;
+pub use dtype::{dtype_name, dtype_size, DTYPES, RUST_PREFIX};
 pub use meta::{ArrayMeta, Extent};
 
 /// One extent, resolved to a pool transport, with its offset in the array's bytes.
@@ -76,7 +78,7 @@ impl<T: Pod, D: Dimension> Clone for RemoteArray<T, D> {
 impl<T: Pod, D: Dimension> std::fmt::Debug for RemoteArray<T, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteArray")
-            .field("dtype", &std::any::type_name::<T>())
+            .field("dtype", &dtype_name::<T>())
             .field("shape", &self.dim.slice())
             .field("extents", &self.extents.len())
             .finish_non_exhaustive()
@@ -237,10 +239,9 @@ impl<T: Pod + Send + Sync, D: Dimension> RemoteArray<T, D> {
     /// [`Error::Meta`] for other inconsistencies.
     pub fn from_meta(store: &Arc<RemoteStore>, meta: &ArrayMeta) -> Result<Self> {
         let size = item_size::<T>()?;
-        let name = std::any::type_name::<T>();
-        if meta.dtype != name || meta.item_size != size {
+        if !dtype::accepts::<T>(&meta.dtype) || meta.item_size != size {
             return Err(Error::TypeMismatch {
-                expected: name.to_owned(),
+                expected: dtype_name::<T>().into_owned(),
                 expected_size: size,
                 found: meta.dtype.clone(),
                 found_size: meta.item_size,
@@ -279,7 +280,7 @@ impl<T: Pod + Send + Sync, D: Dimension> RemoteArray<T, D> {
     /// call [`RemoteArray::flush`] before handing the metadata on.
     pub fn meta(&self) -> ArrayMeta {
         ArrayMeta {
-            dtype: std::any::type_name::<T>().to_owned(),
+            dtype: dtype_name::<T>().into_owned(),
             item_size: std::mem::size_of::<T>(),
             shape: self.dim.slice().to_vec(),
             extents: self
