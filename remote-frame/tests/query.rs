@@ -250,9 +250,6 @@ fn window_functions_match_polars() {
         ])
         .collect()
         .unwrap();
-    // One window over whole partitions: DataFusion's WindowAggExec gathers its input
-    // without reserving it, so a second window sorting its output fails; our own
-    // partitioned window operator is still to come.
     f.check(
         "window",
         "SELECT k1, qty, CAST(coalesce(sum(qty) OVER (PARTITION BY k1), 0) AS BIGINT) AS tot \
@@ -260,6 +257,53 @@ fn window_functions_match_polars() {
         &want,
         false,
     );
+    // A second window over the first one's output, on other partitions: each holds
+    // a partition at a time under the budget. At 5 % the second window's sort cannot
+    // get memory for one batch beside the two windows' reserved quarters: 100 % and 25 %.
+    let want = f
+        .fact
+        .clone()
+        .lazy()
+        .with_columns([
+            (col("k1") % lit(97i64)).alias("g"),
+            col("qty").sum().over([col("k1")]).unwrap().alias("tot"),
+        ])
+        .select([
+            col("k1"),
+            col("qty"),
+            col("tot"),
+            col("tot").sum().over([col("g")]).unwrap().alias("gt"),
+        ])
+        .collect()
+        .unwrap();
+    f.check_at(
+        &[1.0, 0.25],
+        "two windows",
+        "SELECT k1, qty, tot, CAST(sum(tot) OVER (PARTITION BY g) AS BIGINT) AS gt FROM \
+         (SELECT k1, qty, k1 % 97 AS g, \
+          CAST(coalesce(sum(qty) OVER (PARTITION BY k1), 0) AS BIGINT) AS tot FROM fact) t",
+        &want,
+        false,
+    );
+}
+
+#[test]
+fn a_window_partition_larger_than_the_budget_fails_naming_the_window_and_key() {
+    let f = fixture(60_000, 10, 2_000, 10);
+    // One partition (no PARTITION BY) of the whole table at 5 % of it.
+    let before = available(&f.env);
+    let s = f.session(Some(0.05));
+    let e = s
+        .sql("SELECT k1, sum(qty) OVER () AS total FROM fact")
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::OutOfBudget { .. }), "{text}");
+    assert!(
+        text.contains("window") && text.contains("no PARTITION BY"),
+        "{text}"
+    );
+    assert_eq!(s.spill_bytes_held(), 0);
+    assert_eq!(available(&f.env), before, "remote memory leaked");
 }
 
 #[test]

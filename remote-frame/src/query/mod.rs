@@ -45,6 +45,7 @@ mod numeric;
 mod scan;
 mod spill;
 mod stage;
+mod window;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -260,7 +261,11 @@ impl QuerySession {
             .with_disk_manager_builder(
                 DiskManagerBuilder::default()
                     .with_temp_file_factory(factory)
-                    .with_max_temp_directory_size(u64::MAX),
+                    .with_max_temp_directory_size(u64::MAX)
+                    // A sort merges at most this many spilled runs at once (more in
+                    // further passes); unbounded, its merge takes all the memory
+                    // free when it starts and starves the operators above it.
+                    .with_max_spill_merge_fan_in(if budget == u64::MAX { 0 } else { MERGE_FAN_IN }),
             )
             .build_arc()
             .map_err(query_error)?;
@@ -282,7 +287,9 @@ impl QuerySession {
             .with_runtime_env(runtime_env)
             .with_default_features();
         if budget != u64::MAX {
-            state = state.with_physical_optimizer_rule(Arc::new(join::SpillingJoins));
+            state = state
+                .with_physical_optimizer_rule(Arc::new(join::SpillingJoins))
+                .with_physical_optimizer_rule(Arc::new(window::PartitionedWindows));
         }
         let ctx = SessionContext::new_with_state(state.build());
         ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
@@ -443,6 +450,9 @@ impl QuerySession {
         }
     }
 }
+
+/// Spilled sort runs merged at once under a budget.
+const MERGE_FAN_IN: usize = 8;
 
 /// How long a query's end waits for cancelled tasks to free their spill files.
 const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
