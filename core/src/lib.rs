@@ -12,6 +12,7 @@
 //! - [`server::MemoryServer`]: serves one address space to many TCP clients.
 //! - [`Action`]: the named transports of one element, configurable late.
 //! - [`protocol`]: the wire format shared by server and client.
+//! - [`fmt`]: byte counts as reports print them.
 //!
 //! ## Quick start
 //! ```
@@ -39,6 +40,7 @@
 pub mod action;
 pub mod durl;
 pub mod error;
+pub mod fmt;
 mod listener;
 pub mod memory;
 pub mod protocol;

@@ -79,8 +79,6 @@ pub use builder::{BufferPoolBuilder, DEFAULT_BATCH_BYTES, DEFAULT_PAGE_SIZE, DEF
 pub use eviction::EvictionPolicy;
 pub use stats::{PoolStats, PoolUsage};
 
-pub(crate) use stats::human_bytes;
-
 /// Names a transport registered with one [`BufferPool`] (see
 /// [`BufferPool::add_transport`]). Only meaningful for the pool that returned it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -193,9 +191,9 @@ impl fmt::Display for BufferPool {
         write!(
             f,
             "buffer pool {} ({} frames of {}, {}): {}",
-            human_bytes(self.capacity() as u64),
+            scad_core::fmt::bytes(self.capacity() as u64),
             self.frames,
-            human_bytes(self.page_size as u64),
+            scad_core::fmt::bytes(self.page_size as u64),
             self.policy,
             self.stats()
         )

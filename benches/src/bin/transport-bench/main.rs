@@ -454,16 +454,19 @@ fn main() -> Result<()> {
     );
     let mut rows: Vec<Row> = Vec::new();
     for &size in &SIZES {
-        let mut cases = env
-            .cases(size)
-            .with_context(|| format!("cannot set up the cases of {}", report::human_size(size)))?;
+        let mut cases = env.cases(size).with_context(|| {
+            format!(
+                "cannot set up the cases of {}",
+                scad_core::fmt::bytes_exact(size as u64)
+            )
+        })?;
         bar.inc_length((cases.len() * (mode.rounds + 1)) as u64);
         for case in &mut cases {
             bar.set_message(format!(
                 "warm-up {} {} {}",
                 case.transport,
                 case.op,
-                report::human_size(size)
+                scad_core::fmt::bytes_exact(size as u64)
             ));
             case.warm_up()
                 .with_context(|| format!("{} {} of {} failed", case.transport, case.op, size))?;
@@ -478,7 +481,7 @@ fn main() -> Result<()> {
                     mode.rounds,
                     case.transport,
                     case.op,
-                    report::human_size(size)
+                    scad_core::fmt::bytes_exact(size as u64)
                 ));
                 let max_samples =
                     (mode.max_ops(size) / mode.rounds / case.batch).max(mode.min_samples);
@@ -592,9 +595,15 @@ fn targets(rows: &[Row], redis_note: Option<&str>, rdma_note: Option<&str>) -> V
     for (op, how) in [("read", ""), ("read_dst16", ", dst at page offset 16")] {
         for size in [MIB, 64 * MIB] {
             out.push(throughput(
-                &format!("tcp read {}{how}, throughput", report::human_size(size)),
+                &format!(
+                    "tcp read {}{how}, throughput",
+                    scad_core::fmt::bytes_exact(size as u64)
+                ),
                 find("tcp", op, size),
-                &format!("plain TCP stream {}{how}", report::human_size(size)),
+                &format!(
+                    "plain TCP stream {}{how}",
+                    scad_core::fmt::bytes_exact(size as u64)
+                ),
                 find("tcp-stream", op, size),
                 0.8,
             ));
