@@ -31,6 +31,8 @@
 //!
 //! ## Cargo features
 //! - `rdma`: one-sided RDMA through libibverbs (`rdma_uverbs` durls).
+//! - `redis`: the `redis` transport, a memory element kept in a Redis server.
+//! - `redis-server`: `redis_server`, a `redis-server` child for tests and benchmarks.
 //!
 //! ## Threads
 //! Every transport, the server and [`Action`] are `Send + Sync`. Concurrent calls on
@@ -52,6 +54,8 @@ pub mod rdma;
 pub mod rdma {
     pub mod exchange;
 }
+#[cfg(feature = "redis-server")]
+pub mod redis_server;
 pub mod server;
 pub mod transport;
 

@@ -39,8 +39,9 @@ use scad_core::{ReadOp, Transport};
 
 use buf::PlacedBuf;
 use measure::Case;
-use redis::RedisServer;
+use redis::RespClient;
 use report::{Row, Target};
+use scad_core::redis_server::{self, RedisServer};
 use stream::StreamPair;
 
 const KIB: usize = 1024;
@@ -191,18 +192,28 @@ impl Env {
                 .context("cannot connect to the in-process memory server")?,
         );
 
-        let (redis, redis_note) = match RedisServer::start() {
-            Ok(Some(r)) => (Some(r), None),
-            Ok(None) => (
+        // Values up to 512 MiB in one command and query buffers to match.
+        let redis_args = [
+            "--proto-max-bulk-len",
+            "512mb",
+            "--client-query-buffer-limit",
+            "1gb",
+        ];
+        let (redis, redis_note) = match redis_server::find_binary() {
+            None => (
                 None,
                 Some("redis-server not found on PATH: Redis rows skipped".to_owned()),
             ),
-            Err(e) => (
-                None,
-                Some(format!(
-                    "redis-server could not be started ({e:#}): Redis rows skipped"
-                )),
-            ),
+            Some(bin) => match RedisServer::start_binary(&bin, &redis_args) {
+                Ok(r) => (Some(r), None),
+                Err(e) => (
+                    None,
+                    Some(format!(
+                        "redis-server could not be started ({:#}): Redis rows skipped",
+                        anyhow::Error::from(e)
+                    )),
+                ),
+            },
         };
         let (rdma, rdma_note) = match rdma_rows(&pattern)? {
             Ok(rows) => (Some(rows), None),
@@ -393,7 +404,7 @@ fn redis_key(size: usize) -> Vec<u8> {
 }
 
 fn redis_get_case(redis: &RedisServer, size: usize, pattern: &Arc<PlacedBuf>) -> Result<Case> {
-    let mut client = redis.client()?;
+    let mut client = RespClient::connect(redis.addr())?;
     let key = redis_key(size);
     client.set(&key, &pattern[..size])?;
     let expected = Arc::clone(pattern);
@@ -413,7 +424,7 @@ fn redis_get_case(redis: &RedisServer, size: usize, pattern: &Arc<PlacedBuf>) ->
 }
 
 fn redis_set_case(redis: &RedisServer, size: usize, pattern: &Arc<PlacedBuf>) -> Result<Case> {
-    let mut client = redis.client()?;
+    let mut client = RespClient::connect(redis.addr())?;
     let key = redis_key(size);
     let src = PlacedBuf::copy_of(&pattern[..size], 0);
     Ok(Case::new("redis", "set", size, move || {
@@ -524,7 +535,7 @@ fn main() -> Result<()> {
         redis: env
             .redis
             .as_ref()
-            .map(|r| r.version.clone())
+            .map(|r| r.version().to_owned())
             .or_else(|| env.redis_note.clone())
             .unwrap_or_default(),
         cores: std::thread::available_parallelism().map_or(0, usize::from),
