@@ -162,6 +162,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A `redis-server` child (feature `redis-server`) could not be started or did not
+    /// come up.
+    #[error("redis-server {binary}: {reason}")]
+    RedisServer {
+        /// The binary that was (or would have been) started.
+        binary: String,
+        /// What failed.
+        reason: String,
+        /// Cause, where the OS gave one.
+        #[source]
+        source: Option<io::Error>,
+    },
+
     /// Shared memory could not be created, opened or mapped.
     #[error("shared memory segment {name:?}: {reason}")]
     Shm {

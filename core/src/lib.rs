@@ -12,6 +12,7 @@
 //! - [`server::MemoryServer`]: serves one address space to many TCP clients.
 //! - [`Action`]: the named transports of one element, configurable late.
 //! - [`protocol`]: the wire format shared by server and client.
+//! - [`fmt`]: byte counts as reports print them.
 //!
 //! ## Quick start
 //! ```
@@ -30,6 +31,8 @@
 //!
 //! ## Cargo features
 //! - `rdma`: one-sided RDMA through libibverbs (`rdma_uverbs` durls).
+//! - `redis`: the `redis` transport, a memory element kept in a Redis server.
+//! - `redis-server`: `redis_server`, a `redis-server` child for tests and benchmarks.
 //!
 //! ## Threads
 //! Every transport, the server and [`Action`] are `Send + Sync`. Concurrent calls on
@@ -39,6 +42,7 @@
 pub mod action;
 pub mod durl;
 pub mod error;
+pub mod fmt;
 mod listener;
 pub mod memory;
 pub mod protocol;
@@ -50,6 +54,8 @@ pub mod rdma;
 pub mod rdma {
     pub mod exchange;
 }
+#[cfg(feature = "redis-server")]
+pub mod redis_server;
 pub mod server;
 pub mod transport;
 

@@ -1,60 +1,36 @@
-//! The `redis` transport against a real `redis-server` started by each test.
+//! The `redis` transport against a real `redis-server` started by each test (through
+//! `scad_core::redis_server`).
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use scad_core::durl::Durl;
+use scad_core::redis_server::RedisServer;
 use scad_core::transport::{self, redis::BLOCK_BYTES};
 use scad_core::{Error, ReadOp, Transport, WriteOp};
 
 /// A `redis-server` on a free loopback port, killed on drop.
 struct Redis {
-    child: Child,
-    port: u16,
+    server: RedisServer,
 }
 
 impl Redis {
     fn start(password: Option<&str>) -> Redis {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if let Some(p) = password {
-            cmd.args(["--requirepass", p]);
-        }
-        let child = cmd
-            .spawn()
+        let args = match password {
+            Some(p) => vec!["--requirepass", p],
+            None => Vec::new(),
+        };
+        let server = RedisServer::start(&args)
             .expect("redis-server must be on PATH (scripts/setup.sh installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, port }
+        Redis { server }
     }
 
     fn durl(&self, name: &str, size: u64, extra: &str) -> String {
         format!(
             "{name};redis;url,tcp://127.0.0.1:{};size,{size};{extra}",
-            self.port
+            self.server.port()
         )
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -181,8 +157,7 @@ fn a_server_that_goes_away_gives_an_error_not_a_hang() {
     let mut redis = Redis::start(None);
     let t = open(&redis.durl("mem", 4096, "timeout_ms,2000;")).unwrap();
     t.write(0, b"before").unwrap();
-    redis.child.kill().unwrap();
-    redis.child.wait().unwrap();
+    redis.server.stop().unwrap();
     let started = Instant::now();
     let err = t.read(0, &mut [0u8; 6]).unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(20), "{err}");

@@ -29,18 +29,13 @@ pub fn parse_budget(text: &str, largest: u64) -> Result<u64, TpcdsError> {
     Ok(value)
 }
 
-/// Human-readable bytes (`u64::MAX`: unlimited).
+/// Human-readable bytes, as [`scad_core::fmt::bytes`] prints them; `u64::MAX` (no
+/// budget) is `unlimited`.
 pub fn fmt_bytes(b: u64) -> String {
     if b == u64::MAX {
         "unlimited".into()
-    } else if b >= 1 << 30 {
-        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-    } else if b >= 1 << 20 {
-        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
-    } else if b >= 1 << 10 {
-        format!("{:.1} KiB", b as f64 / 1024.0)
     } else {
-        format!("{b} B")
+        scad_core::fmt::bytes(b)
     }
 }
 

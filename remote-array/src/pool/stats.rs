@@ -62,22 +62,6 @@ impl PoolStats {
     }
 }
 
-/// Formats a byte count with a binary unit (`1.5 MiB`).
-pub(crate) fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
-}
-
 impl fmt::Display for PoolStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -91,12 +75,12 @@ impl fmt::Display for PoolStats {
             self.read_ahead_hits,
             self.evictions,
             self.write_backs,
-            human_bytes(self.bytes_in),
+            scad_core::fmt::bytes(self.bytes_in),
             self.fetch_calls,
-            human_bytes(self.bytes_out),
+            scad_core::fmt::bytes(self.bytes_out),
         )?;
         if self.bytes_direct > 0 {
-            write!(f, ", direct {}", human_bytes(self.bytes_direct))?;
+            write!(f, ", direct {}", scad_core::fmt::bytes(self.bytes_direct))?;
         }
         Ok(())
     }
@@ -180,7 +164,7 @@ mod tests {
         let text = s.to_string();
         assert!(text.contains("hits 3 (75.0%)"), "{text}");
         assert!(text.contains("in 3.0 MiB"), "{text}");
-        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(scad_core::fmt::bytes(512), "512 B");
         assert_eq!(s.since(&s), PoolStats::default());
     }
 }

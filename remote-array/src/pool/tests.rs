@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use scad_core::transport::LocalTransport;
-use scad_core::TransportStats;
+use scad_core::{ReadOp, TransportStats};
 
 use super::*;
 

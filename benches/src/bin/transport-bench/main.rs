@@ -39,8 +39,9 @@ use scad_core::{ReadOp, Transport};
 
 use buf::PlacedBuf;
 use measure::Case;
-use redis::RedisServer;
+use redis::RespClient;
 use report::{Row, Target};
+use scad_core::redis_server::{self, RedisServer};
 use stream::StreamPair;
 
 const KIB: usize = 1024;
@@ -191,18 +192,28 @@ impl Env {
                 .context("cannot connect to the in-process memory server")?,
         );
 
-        let (redis, redis_note) = match RedisServer::start() {
-            Ok(Some(r)) => (Some(r), None),
-            Ok(None) => (
+        // Values up to 512 MiB in one command and query buffers to match.
+        let redis_args = [
+            "--proto-max-bulk-len",
+            "512mb",
+            "--client-query-buffer-limit",
+            "1gb",
+        ];
+        let (redis, redis_note) = match redis_server::find_binary() {
+            None => (
                 None,
                 Some("redis-server not found on PATH: Redis rows skipped".to_owned()),
             ),
-            Err(e) => (
-                None,
-                Some(format!(
-                    "redis-server could not be started ({e:#}): Redis rows skipped"
-                )),
-            ),
+            Some(bin) => match RedisServer::start_binary(&bin, &redis_args) {
+                Ok(r) => (Some(r), None),
+                Err(e) => (
+                    None,
+                    Some(format!(
+                        "redis-server could not be started ({:#}): Redis rows skipped",
+                        anyhow::Error::from(e)
+                    )),
+                ),
+            },
         };
         let (rdma, rdma_note) = match rdma_rows(&pattern)? {
             Ok(rows) => (Some(rows), None),
@@ -393,7 +404,7 @@ fn redis_key(size: usize) -> Vec<u8> {
 }
 
 fn redis_get_case(redis: &RedisServer, size: usize, pattern: &Arc<PlacedBuf>) -> Result<Case> {
-    let mut client = redis.client()?;
+    let mut client = RespClient::connect(redis.addr())?;
     let key = redis_key(size);
     client.set(&key, &pattern[..size])?;
     let expected = Arc::clone(pattern);
@@ -413,7 +424,7 @@ fn redis_get_case(redis: &RedisServer, size: usize, pattern: &Arc<PlacedBuf>) ->
 }
 
 fn redis_set_case(redis: &RedisServer, size: usize, pattern: &Arc<PlacedBuf>) -> Result<Case> {
-    let mut client = redis.client()?;
+    let mut client = RespClient::connect(redis.addr())?;
     let key = redis_key(size);
     let src = PlacedBuf::copy_of(&pattern[..size], 0);
     Ok(Case::new("redis", "set", size, move || {
@@ -454,16 +465,19 @@ fn main() -> Result<()> {
     );
     let mut rows: Vec<Row> = Vec::new();
     for &size in &SIZES {
-        let mut cases = env
-            .cases(size)
-            .with_context(|| format!("cannot set up the cases of {}", report::human_size(size)))?;
+        let mut cases = env.cases(size).with_context(|| {
+            format!(
+                "cannot set up the cases of {}",
+                scad_core::fmt::bytes_exact(size as u64)
+            )
+        })?;
         bar.inc_length((cases.len() * (mode.rounds + 1)) as u64);
         for case in &mut cases {
             bar.set_message(format!(
                 "warm-up {} {} {}",
                 case.transport,
                 case.op,
-                report::human_size(size)
+                scad_core::fmt::bytes_exact(size as u64)
             ));
             case.warm_up()
                 .with_context(|| format!("{} {} of {} failed", case.transport, case.op, size))?;
@@ -478,7 +492,7 @@ fn main() -> Result<()> {
                     mode.rounds,
                     case.transport,
                     case.op,
-                    report::human_size(size)
+                    scad_core::fmt::bytes_exact(size as u64)
                 ));
                 let max_samples =
                     (mode.max_ops(size) / mode.rounds / case.batch).max(mode.min_samples);
@@ -521,7 +535,7 @@ fn main() -> Result<()> {
         redis: env
             .redis
             .as_ref()
-            .map(|r| r.version.clone())
+            .map(|r| r.version().to_owned())
             .or_else(|| env.redis_note.clone())
             .unwrap_or_default(),
         cores: std::thread::available_parallelism().map_or(0, usize::from),
@@ -592,9 +606,15 @@ fn targets(rows: &[Row], redis_note: Option<&str>, rdma_note: Option<&str>) -> V
     for (op, how) in [("read", ""), ("read_dst16", ", dst at page offset 16")] {
         for size in [MIB, 64 * MIB] {
             out.push(throughput(
-                &format!("tcp read {}{how}, throughput", report::human_size(size)),
+                &format!(
+                    "tcp read {}{how}, throughput",
+                    scad_core::fmt::bytes_exact(size as u64)
+                ),
                 find("tcp", op, size),
-                &format!("plain TCP stream {}{how}", report::human_size(size)),
+                &format!(
+                    "plain TCP stream {}{how}",
+                    scad_core::fmt::bytes_exact(size as u64)
+                ),
                 find("tcp-stream", op, size),
                 0.8,
             ));

@@ -1,116 +1,17 @@
-//! The Redis baseline: a `redis-server` started for the run and a minimal RESP client.
+//! The Redis baseline's client: a minimal RESP client (the server is a
+//! [`scad_core::redis_server::RedisServer`] started for the run).
 //!
 //! The client is deliberately lean (one buffered reader, values read straight into the
 //! caller's buffer, small commands sent with one `write`), so the baseline is what a
 //! good client gets out of Redis, not the overhead of a general-purpose library.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 
-/// A `redis-server` child process on a loopback port; killed when dropped.
-pub struct RedisServer {
-    child: Child,
-    addr: SocketAddr,
-    /// `redis-server --version` output.
-    pub version: String,
-}
-
-/// Finds `name` in a directory of `PATH`.
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-impl RedisServer {
-    /// Starts `redis-server` from `PATH` on a free loopback port with persistence off,
-    /// and waits until it answers `PING`.
-    ///
-    /// Returns `Ok(None)` if no `redis-server` is on `PATH`.
-    ///
-    /// # Errors
-    /// The binary exists but cannot be started or does not answer within 10 s.
-    pub fn start() -> Result<Option<Self>> {
-        let Some(bin) = find_on_path("redis-server") else {
-            return Ok(None);
-        };
-        let version = Command::new(&bin)
-            .arg("--version")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default();
-        // A port that was free a moment ago; a race with another process is possible
-        // but unlikely, and shows as a clear error below.
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .context("cannot find a free loopback port for redis-server")?
-            .port();
-        let child = Command::new(&bin)
-            .args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--proto-max-bulk-len", "512mb"])
-            .args(["--client-query-buffer-limit", "1gb"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
-        let mut server = RedisServer {
-            child,
-            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-            version,
-        };
-        server.wait_ready()?;
-        Ok(Some(server))
-    }
-
-    fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("redis-server exited at startup with {status}");
-            }
-            if let Ok(mut c) = RespClient::connect(self.addr) {
-                if c.ping().is_ok() {
-                    return Ok(());
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "redis-server did not answer PING on {} within 10 s",
-                    self.addr
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// A new client connection.
-    ///
-    /// # Errors
-    /// Connection errors.
-    pub fn client(&self) -> Result<RespClient> {
-        RespClient::connect(self.addr)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        // Only the child this benchmark started, by its own handle.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A minimal synchronous RESP2 client for `GET`, `SET` and `PING`.
+/// A minimal synchronous RESP2 client for `GET` and `SET`.
 pub struct RespClient {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
@@ -167,15 +68,6 @@ impl RespClient {
             String::from_utf8_lossy(line)
         );
         Ok(())
-    }
-
-    /// `PING`.
-    ///
-    /// # Errors
-    /// I/O errors and unexpected replies.
-    pub fn ping(&mut self) -> Result<()> {
-        self.writer.write_all(b"*1\r\n$4\r\nPING\r\n")?;
-        self.expect_simple(b"PONG")
     }
 
     /// `SET key value`.

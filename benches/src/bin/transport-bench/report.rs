@@ -84,7 +84,7 @@ impl Row {
             "{:<10} {:<13} {:>7}  median {:>10.2} µs  p99 {:>10.2} µs  {:>7.2} GB/s  ({} ops)",
             self.transport,
             self.op,
-            human_size(self.size),
+            scad_core::fmt::bytes_exact(self.size as u64),
             self.median_us,
             self.p99_us,
             self.gbps,
@@ -262,18 +262,6 @@ pub struct Meta {
     pub elapsed: Duration,
 }
 
-/// `4 KiB`, `64 MiB`, or bytes.
-pub fn human_size(bytes: usize) -> String {
-    const KIB: usize = 1024;
-    if bytes >= KIB * KIB && bytes % (KIB * KIB) == 0 {
-        format!("{} MiB", bytes / (KIB * KIB))
-    } else if bytes >= KIB && bytes % KIB == 0 {
-        format!("{} KiB", bytes / KIB)
-    } else {
-        format!("{bytes} B")
-    }
-}
-
 /// Writes one JSON object per row.
 ///
 /// # Errors
@@ -354,7 +342,7 @@ pub fn markdown(meta: &Meta, rows: &[Row], targets: &[Target]) -> String {
             "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
             r.transport,
             r.op,
-            human_size(r.size),
+            scad_core::fmt::bytes_exact(r.size as u64),
             r.iterations,
             r.median_us,
             r.p99_us,
@@ -431,7 +419,7 @@ pub fn chart(path: &Path, rows: &[Row]) -> Result<()> {
             .x_label_formatter(&|v| {
                 let e = v.round();
                 if (v - e).abs() < 1e-6 {
-                    human_size(2f64.powf(e) as usize)
+                    scad_core::fmt::bytes_exact(2f64.powf(e) as u64)
                 } else {
                     String::new()
                 }

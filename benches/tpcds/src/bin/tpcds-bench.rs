@@ -388,9 +388,9 @@ fn main() -> Result<()> {
                 run_ours(&c, &set, &queries, budget, "ours (tcp)")?
             }
             "redis" => {
-                let server = RedisServer::start()?;
+                let server = RedisServer::start(&[])?;
                 let mut c = Cluster::redis(
-                    server.addr(),
+                    &server.addr().to_string(),
                     2,
                     element_size,
                     &format!("tpcds-bench-{}", std::process::id()),

@@ -295,7 +295,7 @@ fn main() -> Result<()> {
         let addr = match &args.redis {
             Some(a) => a.clone(),
             None => {
-                let s = RedisServer::start()?;
+                let s = RedisServer::start(&[])?;
                 let a = s.addr().to_string();
                 _redis_server = Some(s);
                 a

@@ -1,11 +1,9 @@
 //! Helpers of the main job and the benchmark: DuckDB's timings (from
-//! `benches/tpcds/gen_data.py --bench`, run now on the same data) and a private
-//! `redis-server` for the Redis-backed runs.
+//! `benches/tpcds/gen_data.py --bench`, run now on the same data). The private
+//! `redis-server` of the Redis-backed runs is [`scad_core::redis_server::RedisServer`].
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use serde::Deserialize;
 
@@ -97,77 +95,4 @@ pub fn duckdb_timings(
         context: "gen_data.py --bench-json".into(),
         source,
     })
-}
-
-/// A `redis-server` started by this process on a free loopback port (no
-/// persistence); stopped when dropped.
-#[derive(Debug)]
-pub struct RedisServer {
-    child: Child,
-    addr: String,
-}
-
-impl RedisServer {
-    /// Starts `redis-server` and waits until it accepts connections.
-    ///
-    /// # Errors
-    /// [`RemoteError::Invalid`] if it is not installed or does not come up.
-    pub fn start() -> Result<Self, RemoteError> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| RemoteError::Invalid(format!("finding a free port: {e}")))?;
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                RemoteError::Invalid(format!(
-                    "starting redis-server (install it with scripts/setup.sh): {e}"
-                ))
-            })?;
-        let addr = format!("127.0.0.1:{port}");
-        let mut server = RedisServer { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(&server.addr).is_err() {
-            if Instant::now() > deadline {
-                let _ = server.child.kill();
-                return Err(RemoteError::Invalid(
-                    "redis-server did not start within 10 s".into(),
-                ));
-            }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(RemoteError::Invalid(format!(
-                    "redis-server exited with {status}"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // Give it a moment past accept() before the first command.
-        std::thread::sleep(Duration::from_millis(50));
-        server.addr = format!("127.0.0.1:{port}");
-        Ok(server)
-    }
-
-    /// `HOST:PORT` of the server.
-    pub fn addr(&self) -> &str {
-        &self.addr
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

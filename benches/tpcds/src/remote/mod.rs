@@ -26,8 +26,9 @@ mod error;
 mod handoff;
 mod tables;
 
-pub use baseline::{duckdb_timings, DuckDbTiming, RedisServer};
+pub use baseline::{duckdb_timings, DuckDbTiming};
 pub use cluster::{Cluster, TransportKind};
 pub use error::RemoteError;
 pub use handoff::{Handoff, Seal, HANDOFF_VERSION, SEAL_BYTES};
+pub use scad_core::redis_server::RedisServer;
 pub use tables::{load_tables, TableHandoffs};
