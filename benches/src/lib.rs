@@ -159,3 +159,67 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A `memory_server` process (the workspace's binary, in the target directory beside
+/// the running executable), killed when dropped: what the benchmarks' and tools' tests
+/// run against when they need a separate server process.
+#[derive(Debug)]
+pub struct MemoryServerProcess {
+    child: std::process::Child,
+    /// `HOST:PORT` it announced (a wildcard bind as `127.0.0.1`).
+    pub addr: String,
+}
+
+impl MemoryServerProcess {
+    /// Starts `memory_server 0 tcp --bind 127.0.0.1 --size SIZE` and waits for its
+    /// `listening on` line.
+    ///
+    /// # Errors
+    /// The binary is missing (`cargo build -p scad-core --features cli` builds it;
+    /// `cargo test --workspace --all-features` does), fails to start, or announces
+    /// nothing.
+    pub fn start(size: &str) -> Result<Self> {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+
+        let exe = std::env::current_exe()?;
+        let bin = exe
+            .ancestors()
+            .skip(1)
+            .take(2)
+            .map(|d| d.join("memory_server"))
+            .find(|p| p.exists())
+            .ok_or_else(|| {
+                anyhow!(
+                    "no memory_server binary beside {}: build it with `cargo build -p scad-core --features cli`",
+                    exe.display()
+                )
+            })?;
+        let mut child = Command::new(&bin)
+            .args(["0", "tcp", "--bind", "127.0.0.1", "--size", size])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(anyhow!(
+                "{} announced {line:?}, not `listening on`",
+                bin.display()
+            ));
+        };
+        let addr = addr.replace("0.0.0.0", "127.0.0.1");
+        Ok(MemoryServerProcess { child, addr })
+    }
+}
+
+impl Drop for MemoryServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -40,6 +40,8 @@
 //! threads are not ordered with each other, as with one-sided RDMA.
 
 pub mod action;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod durl;
 pub mod error;
 pub mod fmt;

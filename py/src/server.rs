@@ -118,15 +118,15 @@ impl PyMemoryServer {
 #[pyo3(name = "parse_size")]
 pub fn py_parse_size(s: &str) -> PyResult<u64> {
     // The one size parser, as `memory_server` takes sizes (zero refused).
-    scad_memory_server::parse_size(s).map_err(PyValueError::new_err)
+    scad_core::cli::parse_size(s).map_err(PyValueError::new_err)
 }
 
 /// The `memory_server` console script: parses `argv` (program name first) exactly as
-/// the Rust binary does (it is the same code, `scad_memory_server`), prints
+/// the Rust binary does (it is the same code, `scad_core::cli`), prints
 /// `listening on ADDR`, and serves until SIGINT or SIGTERM. Returns the exit status.
 #[pyfunction]
 pub fn memory_server_main(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
-    let args = match scad_memory_server::Args::try_parse_from(&argv) {
+    let args = match scad_core::cli::Args::try_parse_from(&argv) {
         Ok(a) => a,
         Err(e) => {
             let code = e.exit_code();
@@ -136,7 +136,7 @@ pub fn memory_server_main(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
         }
     };
     detach(py, move || {
-        scad_memory_server::run(&args).map_err(|e| ScadError::new_err(format!("{e:#}")))?;
+        scad_core::cli::run(&args).map_err(|e| ScadError::new_err(format!("{e:#}")))?;
         Ok(0)
     })
 }

@@ -1,7 +1,7 @@
 //! How fast a `memory_server` process starts and how much memory it holds before
 //! anything is written (BENCHMARKS.md: `--size 16G` listening within 100 ms, resident
 //! < 64 MiB until written). Starts the release `memory_server` binary (build it first:
-//! `cargo build --release -p scad-memory-server`) repeatedly at several sizes, times
+//! `cargo build --release -p scad-core --features cli`) repeatedly at several sizes, times
 //! spawn → `listening on` line, and reads VmRSS from `/proc/PID/status`; a 16 MiB
 //! server is the baseline (the fixed cost of starting a process). Then writes 256 MiB
 //! into a 16 GiB server and reads its size again.
@@ -40,7 +40,7 @@ fn server_binary() -> Result<PathBuf> {
         .join("memory_server");
     if !bin.exists() {
         bail!(
-            "{} is missing: run `cargo build --release -p scad-memory-server` first",
+            "{} is missing: run `cargo build --release -p scad-core --features cli` first",
             bin.display()
         );
     }

@@ -2,11 +2,10 @@
 //! and queries run one stage per process against `memory_server` processes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
+use scad_benches::MemoryServerProcess;
 use scad_tpcds::data::{generate, DataSet, GenerateOptions};
 use scad_tpcds::engine::{query_sql, session};
 use scad_tpcds::remote::{Cluster, RemoteError};
@@ -91,55 +90,12 @@ fn bad_arguments_are_refused_before_anything_runs() {
     }
 }
 
-/// A `memory_server` process (the workspace's binary, next to this test's
-/// directory), killed when dropped.
-struct MemoryServerProcess {
-    child: Child,
-    addr: String,
-}
-
-impl MemoryServerProcess {
-    fn start() -> Self {
-        let exe = std::env::current_exe().unwrap();
-        let bin: PathBuf = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .unwrap()
-            .join("memory_server");
-        assert!(
-            bin.exists(),
-            "{} is missing: build it with `cargo build -p scad-memory-server` (cargo test --workspace does)",
-            bin.display()
-        );
-        let mut child = Command::new(&bin)
-            .args(["0", "--size", "512M", "--bind", "127.0.0.1"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .replace("0.0.0.0", "127.0.0.1");
-        MemoryServerProcess { child, addr }
-    }
-}
-
-impl Drop for MemoryServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn queries_run_one_stage_per_process_against_memory_server_processes() {
-    let servers = [MemoryServerProcess::start(), MemoryServerProcess::start()];
+    let servers = [
+        MemoryServerProcess::start("512M").unwrap(),
+        MemoryServerProcess::start("512M").unwrap(),
+    ];
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let set = data_set();
     let mut cluster = Cluster::connect_tcp(&addrs).unwrap();

@@ -2,11 +2,12 @@
 //! on SIGTERM and SIGINT, refuse bad arguments.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+#[path = "common/server_process.rs"]
+mod server_process;
 
 use std::process::Command;
 
-use common::Server;
+use server_process::Server;
 
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::{Error, Transport};

@@ -1,4 +1,4 @@
-//! The `memory_server` command: its command line ([`Args`]) and [`run`], shared by the
+//! The `memory_server` command (feature `cli`): its command line ([`Args`]) and [`run`], shared by the
 //! Rust binary and the `memory_server` console script of the Python wheel.
 //!
 //! Compatible with the original command line (port defaults to 2333, implementation to
@@ -9,9 +9,9 @@
 use std::io::Write;
 use std::time::Duration;
 
+use crate::server::{MemoryServer, RegionGrant, ServerConfig};
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use scad_core::server::{MemoryServer, RegionGrant, ServerConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
     /// Largest frame in bytes.
-    #[arg(long, default_value_t = scad_core::protocol::DEFAULT_MAX_FRAME)]
+    #[arg(long, default_value_t = crate::protocol::DEFAULT_MAX_FRAME)]
     pub max_frame: u32,
     /// Seconds a connection may stay idle between requests (0: forever).
     #[arg(long, default_value_t = 600)]
@@ -102,7 +102,7 @@ pub struct Args {
 /// # Errors
 /// A message naming what is wrong.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let size = scad_core::server::parse_bytes(s)?;
+    let size = crate::server::parse_bytes(s)?;
     if size == 0 {
         return Err("size must be greater than 0".into());
     }
@@ -199,7 +199,7 @@ fn serve_until_signal(
 
 #[cfg(feature = "rdma")]
 fn list_devices() -> Result<()> {
-    let devices = scad_core::rdma::list_devices().context("listing RDMA devices")?;
+    let devices = crate::rdma::list_devices().context("listing RDMA devices")?;
     if devices.is_empty() {
         println!("no RDMA devices found on this host");
     }
@@ -217,7 +217,7 @@ fn list_devices() -> Result<()> {
 
 #[cfg(feature = "rdma")]
 fn serve_rdma(args: &Args) -> Result<()> {
-    use scad_core::rdma::{RdmaServer, RdmaServerConfig};
+    use crate::rdma::{RdmaServer, RdmaServerConfig};
     let config = RdmaServerConfig {
         token: args.token.clone(),
         device: args.device.clone(),

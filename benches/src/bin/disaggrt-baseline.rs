@@ -1,4 +1,4 @@
-//! The Rust side of the Python wheel's `disaggrt` benchmark (py/bench/bench_python.py):
+//! The Rust side of the Python wheel's `disaggrt` benchmark (benches/python/bench_python.py):
 //! the same work the Python `remote_array` does — write an array of float32 through a
 //! buffer pool of the `disaggrt` geometry (16 MiB in 64 KiB pages, CLOCK), flush, then
 //! materialize it into a fresh array with `read_direct` — straight from Rust, against an
@@ -7,7 +7,7 @@
 //! Prints one JSON object with the timings of every repetition.
 //!
 //! ```text
-//! cargo run --release -p scad-remote-array --example disaggrt_baseline -- [MIB] [REPS]
+//! cargo run --release -p scad-benches --bin disaggrt-baseline -- [MIB] [REPS]
 //! ```
 
 use std::sync::Arc;

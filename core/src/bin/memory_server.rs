@@ -1,11 +1,11 @@
 //! `memory_server [PORT] [IMPL]`: serves one Scad memory element (see the library docs
-//! of `scad_memory_server` for the command line).
+//! of `scad_core::cli` for the command line).
 
 use std::io::IsTerminal;
 
 use anyhow::Result;
 use clap::Parser;
-use scad_memory_server::{run, Args};
+use scad_core::cli::{run, Args};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> Result<()> {

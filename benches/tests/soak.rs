@@ -3,11 +3,9 @@
 //! its refusal of non-loopback servers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::process::Command;
 
-use common::Server;
+use scad_benches::MemoryServerProcess;
 
 fn soak(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_scad-soak"))
@@ -53,7 +51,7 @@ fn a_short_soak_has_no_errors_or_mismatches() {
 
 #[test]
 fn a_soak_against_a_server_process() {
-    let server = Server::start(0, "16M", &[]);
+    let server = MemoryServerProcess::start("16M").unwrap();
     let (ok, text) = soak(&[
         "--clients",
         "2",

@@ -4,7 +4,8 @@
 //! Every acknowledged write must be readable afterwards; nothing may hang.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+#[path = "common/server_process.rs"]
+mod server_process;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -12,10 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::Server;
 use scad_core::protocol;
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::{Error, Transport};
+use server_process::Server;
 
 fn options() -> TcpOptions {
     TcpOptions {

@@ -2,8 +2,8 @@
 
 1. ``disaggrt`` write + materialize of 256 MiB of float32 through the Python API
    (``remote_array(pool, input_ndarray=...)``, ``get_array_metadata()``,
-   ``materialize()``) vs the same work in Rust (remote-array's ``disaggrt_baseline``
-   example: same pool geometry, same in-process tcp memory server). Runs alternate
+   ``materialize()``) vs the same work in Rust (the benches crate's ``disaggrt-baseline``
+   binary: same pool geometry, same in-process tcp memory server). Runs alternate
    between the two so machine load hits both alike. Target: Python >= 0.8x Rust, with
    NumPy's huge-page advice off as in the Rust Vec (NumPy's default reported beside).
    Also: >= 100x the original's ~10 MB/s (BENCHMARKS.md), with NumPy's defaults, and
@@ -15,7 +15,7 @@
 Writes ``benches/results/python.jsonl`` and ``benches/results/python.md`` and prints
 MET/MISSED per target.
 
-    .venv/bin/python py/bench/bench_python.py [--mib 256] [--reps 7] [--join-rows 1000000]
+    .venv/bin/python benches/python/bench_python.py [--mib 256] [--reps 7] [--join-rows 1000000]
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 def build_rust_baseline() -> str:
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "scad-remote-array", "--example", "disaggrt_baseline"],
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "scad-benches", "--bin", "disaggrt-baseline"],
                    cwd=REPO, check=True)
-    return os.path.join(target, "release", "examples", "disaggrt_baseline")
+    return os.path.join(target, "release", "disaggrt-baseline")
 
 
 def rust_once(exe: str, mib: int):
@@ -218,7 +218,7 @@ def write_results(rows: list, args) -> None:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
         "# Python wheel benchmarks", "",
-        f"`.venv/bin/python py/bench/bench_python.py --mib {args.mib} --reps {args.reps} "
+        f"`.venv/bin/python benches/python/bench_python.py --mib {args.mib} --reps {args.reps} "
         f"--join-rows {args.join_rows}` — in-process memory servers over loopback tcp, "
         "2 cores shared by servers and client; Python and Rust runs alternate. Times are "
         "medians (min..max) of the repetitions; every ratio is against a baseline measured "

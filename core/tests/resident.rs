@@ -6,13 +6,14 @@
 //! generously.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+#[path = "common/server_process.rs"]
+mod server_process;
 
 use std::time::{Duration, Instant};
 
-use common::Server;
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::Transport;
+use server_process::Server;
 
 const MIB: u64 = 1 << 20;
 

@@ -552,7 +552,7 @@ fn write_md(jsonl: &Path, md: &Path) -> Result<()> {
         .with_context(|| format!("parsing {}", jsonl.display()))?;
     let mut out = String::from(
         "# Soak: random reads and writes with checksums\n\n\
-         Produced by `scad-soak` (memory-server crate); each row is one run. Clients do \
+         Produced by `scad-soak` (benches crate); each row is one run. Clients do \
          random reads and writes of 1 B to 256 KiB in regions of their own (checked \
          against a local shadow copy) and 4 KiB self-checking records in a region all \
          share (checked for torn records). `local` runs the same mix against in-process \
