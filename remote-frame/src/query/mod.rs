@@ -41,6 +41,7 @@
 
 mod join;
 mod lazy;
+mod leaf;
 mod numeric;
 mod scan;
 mod spill;

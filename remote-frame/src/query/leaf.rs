@@ -1,0 +1,62 @@
+//! The parts every leaf operator of ours (a scan, a stage input, a prepared stream)
+//! implements the same way.
+
+/// Inside `impl ExecutionPlan for $ty`: `name`, `properties` (from a `properties`
+/// field), `children` (none), `apply_expressions` (none), and `replace_children` /
+/// `with_new_children`, which accept no children.
+macro_rules! leaf_plan_methods {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            &self.properties
+        }
+
+        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            vec![]
+        }
+
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::common::Result<
+                datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+
+        fn replace_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+            _options: datafusion::physical_plan::ReplaceChildrenOptions,
+        ) -> datafusion::common::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>
+        {
+            if children.is_empty() {
+                Ok(self)
+            } else {
+                Err(datafusion::common::DataFusionError::Internal(
+                    concat!($name, " is a leaf and takes no children").into(),
+                ))
+            }
+        }
+
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+        ) -> datafusion::common::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>
+        {
+            self.replace_children(
+                children,
+                datafusion::physical_plan::ReplaceChildrenOptions::new(
+                    datafusion::physical_plan::ChildrenPropertiesMode::Recompute,
+                ),
+            )
+        }
+    };
+}
+
+pub(crate) use leaf_plan_methods;
