@@ -8,7 +8,7 @@
 //! - [`server`]: embedded memory servers and the `memory_server` console script.
 //! - [`frame`]: `FrameEnv` and `Frame` (scad-remote-frame) behind `scad.RemoteFrame`,
 //!   with data in and out through the Arrow PyCapsule interface ([`arrow_ffi`]) and
-//!   expressions as JSON trees ([`expr`]).
+//!   expressions as JSON trees (`scad_remote_frame::expr_json`).
 //! - [`query`]: `QuerySession` and `QueryResult`, SQL over frames (the query engine of
 //!   scad-remote-frame) behind `scad.sql`.
 //!
@@ -22,7 +22,6 @@ pub mod action;
 pub mod arrow_ffi;
 pub mod buffer;
 pub mod errors;
-pub mod expr;
 pub mod frame;
 pub mod join;
 pub mod pool;

@@ -23,6 +23,7 @@
 //!
 //! Expressions are Polars' own ([`col`], [`lit`], [`Expr`]); each batch or partition
 //! is processed by Polars in memory, so per-partition speed is Polars' speed.
+//! [`expr_json`] builds them from the versioned JSON tree the Python package sends.
 //!
 //! ## Layout in remote memory
 //! A chunk of `n` rows is one allocation on one memory element (chunks are dealt
@@ -82,6 +83,7 @@
 pub(crate) mod codec;
 pub mod env;
 pub mod error;
+pub mod expr_json;
 pub mod frame;
 pub(crate) mod hash;
 mod interop;
