@@ -89,6 +89,7 @@ pub(crate) mod hash;
 mod interop;
 pub mod kernels;
 pub mod meta;
+pub mod npjoin;
 pub mod query;
 
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
