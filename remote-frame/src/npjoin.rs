@@ -201,12 +201,10 @@ pub fn codes<T: KeyCode>(keys: impl IntoIterator<Item = T>) -> Vec<u64> {
     keys.into_iter().map(KeyCode::code).collect()
 }
 
-/// The splitmix64 finalizer: a fixed, well-mixing hash, the same in every process.
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// One step of splitmix64 (the golden-ratio increment, then the finalizer the frame
+/// kernels hash with): a fixed, well-mixing hash, the same in every process.
+pub fn mix(z: u64) -> u64 {
+    crate::hash::mix(z.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 /// Hasher for keys that are already 64-bit key codes.
