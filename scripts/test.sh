@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every check and every test: formatting, clippy with warnings as errors (with and
-# without the `rdma` feature), and the whole workspace's tests with the feature on.
+# without the `rdma` feature), the whole workspace's tests with the feature on, then the
+# wheel's type stubs (mypy stubtest) and the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,4 +13,6 @@ cargo clippy -p scad-core --features cli,redis,redis-server --all-targets -- -D 
 cargo test --workspace --all-features
 # The Python wheel (dev profile, into .venv): drop-in modules, tools, modern API.
 bash scripts/wheel.sh
+# The type stubs (py/python/scad/_native.pyi) against the built module.
+.venv/bin/python -m mypy.stubtest scad._native --allowlist py/stubtest-allowlist.txt
 .venv/bin/python -m pytest -q py/tests

@@ -1,7 +1,7 @@
 //! `FrameEnv` and `Frame`: the remote-frame crate for Python (`scad.RemoteFrame` wraps
 //! them). Data enters and leaves as Arrow C streams (PyCapsules, see
-//! [`crate::arrow_ffi`]), expressions arrive as JSON trees ([`crate::expr`]), and
-//! every kernel runs with the GIL released.
+//! [`crate::arrow_ffi`]), expressions arrive as JSON trees (parsed by
+//! [`scad_remote_frame::expr_json`]), and every kernel runs with the GIL released.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use polars::prelude::{PolarsError, SortMultipleOptions};
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
+use scad_remote_frame::expr_json::{self, ExprJsonError};
 use scad_remote_frame::{
     dataframe_to_record_batches, record_batches_to_dataframe, Batches, Error as FrameError,
     FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
@@ -21,7 +22,6 @@ use crate::arrow_ffi::{export_stream, import_stream};
 use crate::errors::{
     array_err, detach, unknown_name_error, BudgetExceededError, QueryError, ScadError,
 };
-use crate::expr::{self, ExprError};
 use crate::pool::PyStore;
 
 /// Largest batch a stream read for Python holds at once.
@@ -87,7 +87,8 @@ fn polars_err(e: PolarsError) -> PyErr {
     }
 }
 
-fn expr_err(e: ExprError) -> PyErr {
+/// A malformed expression tree is a `ValueError`.
+fn expr_err(e: ExprJsonError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
@@ -415,7 +416,7 @@ impl PyFrame {
 
     /// Rows where the predicate (expression JSON) is true.
     fn filter(&self, py: Python<'_>, predicate: &str) -> PyResult<Self> {
-        let e = expr::from_json(predicate).map_err(expr_err)?;
+        let e = expr_json::from_json(predicate).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.filter(e).map(PyFrame::wrap).map_err(frame_err)
@@ -424,7 +425,7 @@ impl PyFrame {
 
     /// The expressions (JSON list) as the new columns.
     fn select(&self, py: Python<'_>, exprs: &str) -> PyResult<Self> {
-        let es = expr::list_from_json(exprs).map_err(expr_err)?;
+        let es = expr_json::list_from_json(exprs).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.select(es).map(PyFrame::wrap).map_err(frame_err)
@@ -433,7 +434,7 @@ impl PyFrame {
 
     /// All columns plus (or replaced by) the expressions (JSON list).
     fn with_columns(&self, py: Python<'_>, exprs: &str) -> PyResult<Self> {
-        let es = expr::list_from_json(exprs).map_err(expr_err)?;
+        let es = expr_json::list_from_json(exprs).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.with_columns(es).map(PyFrame::wrap).map_err(frame_err)
@@ -466,7 +467,7 @@ impl PyFrame {
                 "group_by needs at least one key column",
             ));
         }
-        let es = expr::list_from_json(aggs).map_err(expr_err)?;
+        let es = expr_json::list_from_json(aggs).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.group_by(&keys, es).map(PyFrame::wrap).map_err(frame_err)

@@ -4,11 +4,12 @@
 //! - [`buffer`]: the buffer protocol over registered buffers (`trans.buf`).
 //! - [`pool`]: `BufferPool`, `Store` and `RemoteBytes`, under `disaggrt` and
 //!   `scad.RemoteArray`.
-//! - [`join`]: the `npjoin` kernels.
+//! - [`join`]: the `npjoin` functions over NumPy arrays (kernels in
+//!   `scad_remote_frame::npjoin`).
 //! - [`server`]: embedded memory servers and the `memory_server` console script.
 //! - [`frame`]: `FrameEnv` and `Frame` (scad-remote-frame) behind `scad.RemoteFrame`,
 //!   with data in and out through the Arrow PyCapsule interface ([`arrow_ffi`]) and
-//!   expressions as JSON trees ([`expr`]).
+//!   expressions as JSON trees (`scad_remote_frame::expr_json`).
 //! - [`query`]: `QuerySession` and `QueryResult`, SQL over frames (the query engine of
 //!   scad-remote-frame) behind `scad.sql`.
 //!
@@ -22,7 +23,6 @@ pub mod action;
 pub mod arrow_ffi;
 pub mod buffer;
 pub mod errors;
-pub mod expr;
 pub mod frame;
 pub mod join;
 pub mod pool;

@@ -13,9 +13,9 @@ use crate::error::{Error, Result};
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
 const NULL_HASH: u64 = 0x2545_F491_4F6C_DD1D;
 
+/// The splitmix64 finalizer (also behind [`crate::npjoin::mix`]).
 #[inline]
-fn mix(mut x: u64) -> u64 {
-    // splitmix64 finalizer
+pub(crate) fn mix(mut x: u64) -> u64 {
     x ^= x >> 30;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x ^= x >> 27;
