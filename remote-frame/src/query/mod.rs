@@ -40,6 +40,7 @@
 //! ```
 
 mod join;
+mod join_order;
 mod lazy;
 mod leaf;
 mod numeric;
@@ -64,6 +65,7 @@ use datafusion::execution::memory_pool::{
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
@@ -283,10 +285,20 @@ impl QuerySession {
             let reserve = (budget / 64).clamp(16 << 10, 10 << 20) as usize;
             config.options_mut().execution.sort_spill_reservation_bytes = reserve;
         }
+        // Build sides by estimated cardinality: right after DataFusion's
+        // JoinSelection (which picked partition modes) and before repartitions and
+        // sorts are planned around the joins' inputs.
+        let mut rules = PhysicalOptimizer::new().rules;
+        let at = rules
+            .iter()
+            .position(|r| r.name() == "join_selection")
+            .map_or(0, |i| i + 1);
+        rules.insert(at, Arc::new(join_order::JoinOrder));
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime_env)
-            .with_default_features();
+            .with_default_features()
+            .with_physical_optimizer_rules(rules);
         if budget != u64::MAX {
             state = state
                 .with_physical_optimizer_rule(Arc::new(join::SpillingJoins))
