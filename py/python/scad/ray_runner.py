@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import disagg
 
 from . import _native
-from .dag import Dag, Element, load_dag
+from .dag import Dag, Element, load_dag, parse_element
 from .runner import DagRunError, ElementReport, RunReport, call_element, parent_params, write_outputs
 
 __all__ = ["RayUnavailableError", "run_dag_ray", "memory_actor_name"]
@@ -171,15 +171,14 @@ def pack_dag_dir(directory: str, skip: Optional[str] = None) -> Dict[str, bytes]
     return files
 
 
-def _compute_task(files: List[Any], file: str, memories: List[Tuple[str, str]], addresses: List[Any], token: str,
-                  run_id: str, index: Optional[int], timeout: float, layout: List[Tuple[str, int]],
+def _compute_task(files: Dict[str, bytes], file: str, memories: List[Tuple[str, str]], addresses: List[Any],
+                  token: str, run_id: str, index: Optional[int], timeout: float, layout: List[Tuple[str, int]],
                   *parent_results: Dict[str, Any]) -> Dict[str, Any]:
     """One instance of a compute element in a Ray worker: recreates the DAG
-    directory from ``files`` (a one-element list holding its ObjectRef) in a
-    temporary directory and runs element ``file`` from there. ``memories`` are
-    (transport, memory element) pairs and ``addresses`` a one-element list holding the
-    ObjectRefs of their addresses (in lists so that Ray does not wait for the addresses
-    before the task starts)."""
+    directory from ``files`` in a temporary directory and runs element ``file`` from
+    there. ``memories`` are (transport, memory element) pairs and ``addresses`` a
+    one-element list holding the ObjectRefs of their addresses (in a list so that Ray
+    does not wait for the addresses before the task starts)."""
     import shutil
     import tempfile
     import threading
@@ -209,12 +208,13 @@ def _compute_task(files: List[Any], file: str, memories: List[Tuple[str, str]], 
     pending = [(trans, f"{trans};rdma_tcp;") for trans, _ in memories]
     here = tempfile.mkdtemp(prefix=f"scad-{run_id}-")
     try:
-        for rel, content in ray.get(files[0]).items():
+        for rel, content in files.items():
             path = os.path.join(here, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(content)
-        result, stats = call_element(os.path.join(here, file), pending, params, index, timeout, prepare=configure)
+        element = parse_element(os.path.join(here, file))
+        result, stats = call_element(element, pending, params, index, timeout, prepare=configure)
     finally:
         shutil.rmtree(here, ignore_errors=True)
     return {"result": result, "stats": stats, "node": ray.util.get_node_ip_address()}
@@ -325,7 +325,7 @@ def _run(ray, dag: Dag, out_dir: str, timeout: float, log) -> RunReport:
             idx = list(range(e.parallelism)) if e.parallelism > 1 else [None]
             instances[e.name] = []
             for i in idx:
-                ref = task.options(**options).remote([files], os.path.relpath(e.path, dag.directory), memories,
+                ref = task.options(**options).remote(files, os.path.relpath(e.path, dag.directory), memories,
                                                      [refs], token, run_id, i, timeout, layout, *parent_refs)
                 instances[e.name].append(ref)
                 owner[ref] = (e.name, i)

@@ -139,10 +139,10 @@ def _memory_templates(directory: str) -> Dict[str, Dict[str, Any]]:
     return templates
 
 
-def call_element(path: str, memories: List[Tuple[str, str]], params: Dict[str, Any],
+def call_element(element: Element, memories: List[Tuple[str, str]], params: Dict[str, Any],
                  index: Optional[int] = None, timeout: float = 60.0,
                  prepare: Optional[Callable[[Any], None]] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """Calls compute element ``path``'s ``main(params, action)`` with transports
+    """Calls a parsed compute element's ``main(params, action)`` with transports
     ``memories`` ([(name, durl)]; a durl may lack its address, to be configured later
     through the action's ``config_transport``). ``prepare(action)`` runs before
     ``main`` (to configure transports late or replace ``action.runtime``, whose default
@@ -150,7 +150,7 @@ def call_element(path: str, memories: List[Tuple[str, str]], params: Dict[str, A
     (a dict) and the stats (seconds, bytes per transport)."""
     import disagg  # the drop-in module, imported lazily so scad works without it
 
-    element = parse_element(path)
+    path = element.path or ""
     if element.kind != "compute":
         raise ElementError(f"{path}: only compute elements (*.o.py) run")
     saved = os.environ.get("__OW_PAR")
@@ -209,7 +209,7 @@ def run_element(path: str, memories: List[Tuple[str, str]], directory: str = "/t
         raise ElementError(f"{path}: rundisagg runs compute elements (*.o.py)")
     params: Dict[str, Any] = load_parent_outputs(directory, element.parents)
     params.update(extra_params or {})
-    result, stats = call_element(path, memories, params, index, timeout)
+    result, stats = call_element(element, memories, params, index, timeout)
     write_outputs(directory, element.name, index, result, stats)
     return result
 

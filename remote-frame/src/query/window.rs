@@ -396,11 +396,12 @@ impl WindowRun {
 
     /// True if the first row of `next` is in the partition of the last row of `tail`.
     fn same_partition(&self, tail: &RecordBatch, next: &RecordBatch) -> DfResult<bool> {
-        let last = tail.num_rows() - 1;
+        // Only the two rows compared are evaluated, not both batches.
+        let (a_row, b_row) = (tail.slice(tail.num_rows() - 1, 1), next.slice(0, 1));
         for k in &self.keys {
-            let a = k.expr.evaluate(tail)?.into_array(tail.num_rows())?;
-            let b = k.expr.evaluate(next)?.into_array(next.num_rows())?;
-            if ScalarValue::try_from_array(&a, last)? != ScalarValue::try_from_array(&b, 0)? {
+            let a = k.expr.evaluate(&a_row)?.into_array(1)?;
+            let b = k.expr.evaluate(&b_row)?.into_array(1)?;
+            if ScalarValue::try_from_array(&a, 0)? != ScalarValue::try_from_array(&b, 0)? {
                 return Ok(false);
             }
         }
