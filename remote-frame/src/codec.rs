@@ -7,7 +7,7 @@
 //! through the checked constructors, so corrupted remote bytes give an error, never
 //! undefined behaviour.
 
-use polars::prelude::{ArrayRef, CompatLevel, DataType, Series};
+use polars::prelude::{AnyValue, ArrayRef, CompatLevel, DataType, Series};
 use polars_arrow::array::{Array, BooleanArray, NullArray, PrimitiveArray, Utf8ViewArray, View};
 use polars_arrow::bitmap::Bitmap;
 use polars_arrow::datatypes::ArrowDataType;
@@ -15,7 +15,7 @@ use polars_arrow::types::NativeType;
 use polars_buffer::Buffer;
 
 use crate::error::{Error, Result};
-use crate::meta::{ColumnChunk, ColumnType};
+use crate::meta::{ColumnChunk, ColumnStats, ColumnType, MAX_STAT_STRING};
 
 /// The storable type of a Polars data type.
 ///
@@ -104,6 +104,42 @@ fn bitmap_bytes(b: &Bitmap) -> Vec<u8> {
     }
 }
 
+/// The smallest and largest value of `series` as stored statistics; `None` when
+/// there are none to keep (all null, NaN, long strings, a reduction Polars lacks).
+fn column_stats(series: &Series, dtype: ColumnType) -> Option<ColumnStats> {
+    if dtype == ColumnType::Null || series.null_count() == series.len() {
+        return None;
+    }
+    if matches!(dtype, ColumnType::Float32 | ColumnType::Float64) && series.is_nan().ok()?.any() {
+        return None;
+    }
+    let min = stat_value(series.min_reduce().ok()?.value())?;
+    let max = stat_value(series.max_reduce().ok()?.value())?;
+    Some(ColumnStats { min, max })
+}
+
+fn stat_value(v: &AnyValue<'_>) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    Some(match v {
+        AnyValue::Boolean(b) => Value::Bool(*b),
+        AnyValue::Int8(x) => Value::from(*x),
+        AnyValue::Int16(x) => Value::from(*x),
+        AnyValue::Int32(x) => Value::from(*x),
+        AnyValue::Int64(x) => Value::from(*x),
+        AnyValue::UInt8(x) => Value::from(*x),
+        AnyValue::UInt16(x) => Value::from(*x),
+        AnyValue::UInt32(x) => Value::from(*x),
+        AnyValue::UInt64(x) => Value::from(*x),
+        AnyValue::Float32(x) => Value::Number(serde_json::Number::from_f64(f64::from(*x))?),
+        AnyValue::Float64(x) => Value::Number(serde_json::Number::from_f64(*x)?),
+        AnyValue::Date(d) => Value::from(*d),
+        AnyValue::Decimal(unscaled, _, _) => Value::String(unscaled.to_string()),
+        AnyValue::String(s) if s.len() <= MAX_STAT_STRING => Value::String((*s).to_owned()),
+        AnyValue::StringOwned(s) if s.len() <= MAX_STAT_STRING => Value::String(s.to_string()),
+        _ => return None,
+    })
+}
+
 /// One column of one chunk, ready to be written: the array (kept alive so its
 /// buffers can be borrowed) and the bitmaps re-packed to start at bit 0.
 pub struct EncodedColumn {
@@ -111,6 +147,8 @@ pub struct EncodedColumn {
     pub dtype: ColumnType,
     /// Nulls.
     pub null_count: u64,
+    /// Smallest and largest value, when known (see [`ColumnStats`]).
+    pub stats: Option<ColumnStats>,
     validity: Option<Vec<u8>>,
     bool_values: Option<Vec<u8>>,
     array: ArrayRef,
@@ -161,6 +199,7 @@ impl EncodedColumn {
         Ok(EncodedColumn {
             dtype,
             null_count,
+            stats: column_stats(series, dtype),
             validity,
             bool_values,
             array,

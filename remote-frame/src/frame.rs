@@ -497,6 +497,7 @@ impl FrameWriter {
             columns.push(ColumnChunk {
                 null_count: e.null_count,
                 buffers,
+                stats: e.stats.clone(),
             });
         }
         let element = self.env.next_element()?;

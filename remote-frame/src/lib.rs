@@ -98,7 +98,7 @@ pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
 pub use error::{Error, Result};
 pub use frame::{Batches, FrameWriter, RemoteFrame};
 pub use kernels::JoinType;
-pub use meta::{ColumnMeta, ColumnType, FrameMeta};
+pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};
 pub use polars::prelude::{col, lit, DataFrame, Expr, SortMultipleOptions};
 pub use query::{QueryOutput, QuerySession, QueryStats, Stage, StageOutput, StagePlan};
 

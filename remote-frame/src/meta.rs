@@ -145,7 +145,30 @@ pub struct ColumnChunk {
     pub null_count: u64,
     /// The column's buffers.
     pub buffers: Vec<BufferRef>,
+    /// The smallest and largest value in this chunk of the column, when known
+    /// (frames written before statistics were kept have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<ColumnStats>,
 }
+
+/// The smallest and largest non-null value of one column chunk: what lets a scan
+/// skip chunks a filter excludes, and the planner estimate selectivities.
+///
+/// Values are JSON, by the column's type: integers, floats (finite; a chunk holding
+/// NaN has no statistics) and dates (days since 1970-01-01) as numbers, booleans
+/// as booleans, decimals as the string of their unscaled integer, strings as
+/// themselves (only when both are at most [`MAX_STAT_STRING`] bytes). A chunk whose
+/// values are all null has no statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnStats {
+    /// Smallest value.
+    pub min: serde_json::Value,
+    /// Largest value.
+    pub max: serde_json::Value,
+}
+
+/// Longest string kept as a chunk's minimum or maximum.
+pub const MAX_STAT_STRING: usize = 64;
 
 /// One row chunk: all its columns live in one allocation on one memory element.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

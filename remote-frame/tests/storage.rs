@@ -222,3 +222,65 @@ fn record_batches_round_trip() {
     assert_same(&again.to_polars().unwrap(), &df, "arrow round trip");
     assert!(RemoteFrame::from_record_batches(&env, &[]).is_err());
 }
+
+#[test]
+fn chunks_keep_the_min_and_max_of_each_column() {
+    let e = env(Backend::Local, 4 << 20);
+    let env = e.env.with_chunk_rows(50);
+    let mut df = fact(5, 120, 10);
+    // A chunk of NaN and a column of nulls only: no statistics for those.
+    let mut price: Vec<Option<f64>> = df.column("price").unwrap().f64().unwrap().iter().collect();
+    price[3] = Some(f64::NAN);
+    df.with_column(Column::new("price".into(), price)).unwrap();
+    df.with_column(Column::full_null("nothing".into(), 120, &DataType::Null))
+        .unwrap();
+    let frame = RemoteFrame::from_polars(&env, &df).unwrap();
+    let meta = frame.meta();
+    let mut offset = 0;
+    for chunk in &meta.chunks {
+        let part = df.slice(offset, chunk.rows as usize);
+        offset += chunk.rows as i64;
+        let stats = |name: &str| {
+            chunk.columns[meta.column_index(name).unwrap()]
+                .stats
+                .clone()
+        };
+        let qty = part.column("qty").unwrap().as_materialized_series();
+        let s = stats("qty").expect("qty has statistics");
+        assert_eq!(s.min, serde_json::json!(qty.min::<i64>().unwrap().unwrap()));
+        assert_eq!(s.max, serde_json::json!(qty.max::<i64>().unwrap().unwrap()));
+        let day = part.column("day").unwrap().cast(&DataType::Int32).unwrap();
+        let s = stats("day").expect("day has statistics");
+        let day = day.as_materialized_series();
+        assert_eq!(s.min, serde_json::json!(day.min::<i32>().unwrap().unwrap()));
+        assert_eq!(s.max, serde_json::json!(day.max::<i32>().unwrap().unwrap()));
+        let names = part.column("name").unwrap().str().unwrap().clone();
+        let s = stats("name").expect("short names have statistics");
+        assert_eq!(
+            s.min,
+            serde_json::json!(names.iter().flatten().min().unwrap())
+        );
+        assert_eq!(
+            s.max,
+            serde_json::json!(names.iter().flatten().max().unwrap())
+        );
+        let has_nan = part.column("price").unwrap().f64().unwrap().is_nan().any();
+        assert_eq!(stats("price").is_none(), has_nan, "price statistics");
+        assert!(
+            stats("nothing").is_none(),
+            "a null column has no statistics"
+        );
+    }
+    // Metadata written before statistics were kept still opens and reads.
+    let mut old: serde_json::Value = serde_json::from_str(&frame.to_json().unwrap()).unwrap();
+    for chunk in old["chunks"].as_array_mut().unwrap() {
+        for column in chunk["columns"].as_array_mut().unwrap() {
+            column.as_object_mut().unwrap().remove("stats");
+        }
+    }
+    let again = RemoteFrame::from_json(&env, &old.to_string()).unwrap();
+    assert!(again.meta().chunks[0].columns[0].stats.is_none());
+    // (NaN is not equal to itself: compare without it.)
+    let without_nan = |d: DataFrame| d.drop("price").unwrap();
+    assert!(without_nan(again.to_polars().unwrap()).equals_missing(&without_nan(df)));
+}

@@ -12,40 +12,32 @@
 //! whole build side and are left unwrapped.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
-use arrow_schema::SchemaRef;
-use datafusion::arrow::compute::take_record_batch;
+use arrow_array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::common::Result as DfResult;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
-use datafusion::execution::{SpillFile, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
 };
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
-    PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
 
-/// Partitions a build side is split into when it does not fit.
-const FANOUT: usize = 16;
-
-/// Levels of re-partitioning before a partition is joined as is (and may then fail
-/// with the pool's out-of-memory error, naming the join).
-const MAX_LEVEL: u32 = 3;
+use super::grace::{
+    level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec, FANOUT,
+    MAX_LEVEL,
+};
 
 /// Replaces DataFusion's hash joins by [`SpillingHashJoinExec`] (a physical optimizer
 /// rule, added when the session has a budget).
@@ -234,7 +226,7 @@ impl JoinRun {
             // The join's hash table costs about as much again as the rows. A build
             // side may take at most half the budget, so that the operators feeding
             // it (often other joins) keep room while it is read.
-            let need = 2 * batch.get_array_memory_size();
+            let need = build_cost(&batch);
             if reservation.size() + need <= build_cap && reservation.try_grow(need).is_ok() {
                 build.push(batch);
             } else {
@@ -248,11 +240,10 @@ impl JoinRun {
             .execute(self.partition, self.context.clone())?;
         let Some(first_overflow) = overflow else {
             // It fits: the wrapped join runs on the rows read. Its own reservation
-            // takes over from ours.
-            drop(reservation);
+            // takes over from ours batch by batch.
             let left = OneShotExec::new(
                 left_schema.clone(),
-                Box::pin(MemoryStream::try_new(build, left_schema, None)?),
+                reserved_stream(left_schema, build, reservation, build_cost),
             );
             return self.inner_join(
                 left,
@@ -262,7 +253,7 @@ impl JoinRun {
         };
         // Too large: partition both sides into memory elements.
         self.spilled_partitions.add(FANOUT);
-        let seed = 0x5cad_0000_u64 + u64::from(self.level);
+        let seed = level_seed(self.level);
         let left_keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
         let right_keys: Vec<_> = self.join.on().iter().map(|(_, r)| r.clone()).collect();
         let left_spill = SpillManager::new(
@@ -293,17 +284,9 @@ impl JoinRun {
         let parts = left_files.into_iter().zip(right_files);
         let runs = futures::stream::iter(parts).map(move |(l, r)| {
             let (ls, rs) = &*spills;
-            let left = match l {
-                Some(f) => ls.read_spill_as_stream(f, None)?,
-                None => empty_stream(ls.schema().clone())?,
-            };
-            let right = match r {
-                Some(f) => rs.read_spill_as_stream(f, None)?,
-                None => empty_stream(rs.schema().clone())?,
-            };
             self.inner_join(
-                OneShotExec::new(ls.schema().clone(), left),
-                OneShotExec::new(rs.schema().clone(), right),
+                OneShotExec::new(ls.schema().clone(), partition_stream(ls, l)?),
+                OneShotExec::new(rs.schema().clone(), partition_stream(rs, r)?),
                 true,
             )
         });
@@ -338,116 +321,8 @@ impl JoinRun {
     }
 }
 
-fn empty_stream(schema: SchemaRef) -> DfResult<SendableRecordBatchStream> {
-    Ok(Box::pin(MemoryStream::try_new(vec![], schema, None)?))
-}
-
-/// Writes the batches of `input` into [`FANOUT`] spill files by the hash of their
-/// key columns; returns the files (`None` for a partition without rows).
-async fn spill_partitioned<S>(
-    spill: &SpillManager,
-    keys: &[Arc<dyn PhysicalExpr>],
-    seed: u64,
-    what: &str,
-    mut input: S,
-) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>>
-where
-    S: futures::Stream<Item = DfResult<RecordBatch>> + Unpin,
-{
-    let hasher = RandomState::with_seed(seed);
-    let mut files: Vec<Option<_>> = (0..FANOUT).map(|_| None).collect();
-    let mut hashes = Vec::new();
-    while let Some(batch) = input.next().await {
-        let batch = batch?;
-        let rows = batch.num_rows();
-        if rows == 0 {
-            continue;
-        }
-        let arrays: Vec<ArrayRef> = keys
-            .iter()
-            .map(|k| k.evaluate(&batch)?.into_array(rows))
-            .collect::<DfResult<_>>()?;
-        hashes.clear();
-        hashes.resize(rows, 0u64);
-        create_hashes(&arrays, &hasher, &mut hashes)?;
-        let mut indices: Vec<Vec<u32>> = vec![Vec::new(); FANOUT];
-        for (row, h) in hashes.iter().enumerate() {
-            // The high bits: the wrapped join's own table uses the low ones.
-            let p = ((h >> 40) as usize) % FANOUT;
-            indices[p].push(row as u32);
-        }
-        for (p, rows) in indices.into_iter().enumerate() {
-            if rows.is_empty() {
-                continue;
-            }
-            let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
-            let file = match &mut files[p] {
-                Some(f) => f,
-                slot => slot.insert(spill.create_in_progress_file(what)?),
-            };
-            file.append_batch(&part)?;
-        }
-    }
-    files
-        .into_iter()
-        .map(|f| match f {
-            Some(mut f) => f.finish(),
-            None => Ok(None),
-        })
-        .collect()
-}
-
-/// A leaf that yields one prepared stream once: how the spilling join hands rows it
-/// already read (or spilled) to the wrapped join.
-struct OneShotExec {
-    stream: Mutex<Option<SendableRecordBatchStream>>,
-    properties: Arc<PlanProperties>,
-}
-
-impl OneShotExec {
-    fn new(schema: SchemaRef, stream: SendableRecordBatchStream) -> Self {
-        OneShotExec {
-            stream: Mutex::new(Some(stream)),
-            properties: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(schema),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Incremental,
-                Boundedness::Bounded,
-            )),
-        }
-    }
-}
-
-impl fmt::Debug for OneShotExec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("OneShotExec")
-    }
-}
-
-impl DisplayAs for OneShotExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("OneShotExec")
-    }
-}
-
-impl ExecutionPlan for OneShotExec {
-    super::leaf::leaf_plan_methods!("OneShotExec");
-
-    fn execute(
-        &self,
-        partition: usize,
-        _context: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let taken = self
-            .stream
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match (partition, taken) {
-            (0, Some(s)) => Ok(s),
-            _ => Err(DataFusionError::Internal(format!(
-                "OneShotExec: partition {partition} asked for, or asked for twice"
-            ))),
-        }
-    }
+/// What a build-side batch reserves: the rows and about as much again for the join's
+/// hash table.
+fn build_cost(batch: &RecordBatch) -> usize {
+    2 * batch.get_array_memory_size()
 }

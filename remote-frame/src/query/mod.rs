@@ -8,9 +8,12 @@
 //! - the budget: one memory pool per session, sized by the env's budget
 //!   ([`FrameEnv::with_budget`]); every operator reserves before it holds, and the
 //!   peak of what was reserved is reported per query;
-//! - spilling: operators that spill when their reservation fails (sorts, aggregates,
-//!   sort-merge joins, repartitions) write their runs to the env's memory elements,
-//!   never to local disk; each spill file frees its remote memory when dropped.
+//! - spilling: operators that spill when their reservation fails write to the env's
+//!   memory elements, never to local disk: hash joins and hash aggregates partition
+//!   their input by key (grace partitioning) and run partition by partition, windows
+//!   go one PARTITION BY partition at a time, sorts (and DataFusion's other spilling
+//!   operators) write sorted runs and merge them; each spill file frees its remote
+//!   memory when dropped.
 //!
 //! Streaming operators (scan, filter, projection, the probe side of joins, partial
 //! aggregation) are fused into pipelines that write nothing to memory elements.
@@ -39,6 +42,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod aggregate;
+mod grace;
 mod join;
 mod join_order;
 mod lazy;
@@ -47,6 +52,7 @@ mod numeric;
 mod scan;
 mod spill;
 mod stage;
+mod stats;
 mod window;
 
 use std::collections::BTreeMap;
@@ -294,6 +300,12 @@ impl QuerySession {
             .position(|r| r.name() == "join_selection")
             .map_or(0, |i| i + 1);
         rules.insert(at, Arc::new(join_order::JoinOrder));
+        if budget != u64::MAX {
+            // Aggregation stays in two phases under a budget: the partial phase emits
+            // early when its memory runs short, and the final phase is the one
+            // SpillingAggregates makes spill by partitioning.
+            rules.retain(|r| r.name() != "CombinePartialFinalAggregate");
+        }
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime_env)
@@ -302,6 +314,7 @@ impl QuerySession {
         if budget != u64::MAX {
             state = state
                 .with_physical_optimizer_rule(Arc::new(join::SpillingJoins))
+                .with_physical_optimizer_rule(Arc::new(aggregate::SpillingAggregates))
                 .with_physical_optimizer_rule(Arc::new(window::PartitionedWindows));
         }
         let ctx = SessionContext::new_with_state(state.build());

@@ -9,11 +9,11 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::stats::Precision;
-use datafusion::common::{DataFusionError, Result as DfResult, Statistics};
+use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, Statistics};
 use datafusion::datasource::TableType;
 use datafusion::execution::TaskContext;
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
@@ -29,6 +29,7 @@ use std::collections::VecDeque;
 
 use futures::StreamExt;
 
+use super::stats::ChunkStatistics;
 use crate::frame::RemoteFrame;
 use crate::interop;
 use crate::meta::chunk_column_bytes;
@@ -38,6 +39,7 @@ use crate::meta::chunk_column_bytes;
 pub(crate) struct RemoteTable {
     frame: RemoteFrame,
     schema: SchemaRef,
+    stats: Arc<ChunkStatistics>,
 }
 
 impl RemoteTable {
@@ -50,9 +52,12 @@ impl RemoteTable {
             .iter()
             .map(|c| Ok(Field::new(&c.name, c.dtype.arrow_type()?, true)))
             .collect::<crate::Result<Vec<Field>>>()?;
+        let schema = Arc::new(Schema::new(fields));
+        let stats = Arc::new(ChunkStatistics::new(schema.clone(), &frame.meta().chunks));
         Ok(RemoteTable {
             frame,
-            schema: Arc::new(Schema::new(fields)),
+            schema,
+            stats,
         })
     }
 }
@@ -71,7 +76,7 @@ impl TableProvider for RemoteTable {
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let columns: Vec<usize> = match projection {
@@ -81,8 +86,18 @@ impl TableProvider for RemoteTable {
         let schema = Arc::new(self.schema.project(&columns)?);
         let partitions = state.config().target_partitions().max(1);
         let batch_rows = state.config().batch_size().max(1);
+        // The filters stay above the scan too (inexact pushdown): here they only
+        // rule out the chunks whose statistics show no row can pass. A filter that
+        // cannot be planned against the table alone prunes nothing.
+        let predicate = conjunction(filters.iter().cloned()).and_then(|e| {
+            let table = DFSchema::try_from(self.schema.as_ref().clone()).ok()?;
+            state.create_physical_expr(e, &table).ok()
+        });
+        let chunks = self.stats.matching(predicate);
         Ok(Arc::new(RemoteScanExec::new(
             self.frame.clone(),
+            self.stats.clone(),
+            chunks,
             columns,
             schema,
             partitions,
@@ -91,25 +106,21 @@ impl TableProvider for RemoteTable {
         )))
     }
 
-    fn statistics(&self) -> Option<Statistics> {
-        Some(frame_statistics(
-            &self.frame,
-            &(0..self.schema.fields().len()).collect::<Vec<_>>(),
-            &self.schema,
-        ))
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
     }
-}
 
-fn frame_statistics(frame: &RemoteFrame, columns: &[usize], schema: &SchemaRef) -> Statistics {
-    let bytes: u64 = frame
-        .meta()
-        .chunks
-        .iter()
-        .map(|c| chunk_column_bytes(c, columns))
-        .sum();
-    Statistics::new_unknown(schema)
-        .with_num_rows(Precision::Exact(frame.rows()))
-        .with_total_byte_size(Precision::Exact(bytes as usize))
+    fn statistics(&self) -> Option<Statistics> {
+        let chunks: Vec<usize> = (0..self.frame.chunk_count()).collect();
+        let columns: Vec<usize> = (0..self.schema.fields().len()).collect();
+        Some(
+            self.stats
+                .for_planner(&self.frame.meta().chunks, &chunks, &columns),
+        )
+    }
 }
 
 /// Reads a frame's projected columns: chunks are split over the partitions in
@@ -117,9 +128,12 @@ fn frame_statistics(frame: &RemoteFrame, columns: &[usize], schema: &SchemaRef) 
 #[derive(Debug)]
 pub(crate) struct RemoteScanExec {
     frame: RemoteFrame,
+    stats: Arc<ChunkStatistics>,
+    /// The chunks read (those the filters may pass rows of), in order.
+    chunks: Vec<usize>,
     columns: Vec<usize>,
     schema: SchemaRef,
-    /// Chunk ranges, one per partition.
+    /// Ranges of `chunks`, one per partition.
     ranges: Vec<std::ops::Range<usize>>,
     batch_rows: usize,
     limit: Option<usize>,
@@ -128,18 +142,21 @@ pub(crate) struct RemoteScanExec {
 }
 
 impl RemoteScanExec {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         frame: RemoteFrame,
+        stats: Arc<ChunkStatistics>,
+        chunks: Vec<usize>,
         columns: Vec<usize>,
         schema: SchemaRef,
         partitions: usize,
         batch_rows: usize,
         limit: Option<usize>,
     ) -> Self {
-        let chunks = frame.chunk_count();
-        let parts = partitions.min(chunks).max(1);
+        let n = chunks.len();
+        let parts = partitions.min(n).max(1);
         let ranges = (0..parts)
-            .map(|p| (p * chunks / parts)..((p + 1) * chunks / parts))
+            .map(|p| (p * n / parts)..((p + 1) * n / parts))
             .collect();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
@@ -149,6 +166,8 @@ impl RemoteScanExec {
         ));
         RemoteScanExec {
             frame,
+            stats,
+            chunks,
             columns,
             schema,
             ranges,
@@ -170,8 +189,9 @@ impl DisplayAs for RemoteScanExec {
             .collect();
         write!(
             f,
-            "RemoteScanExec: rows={}, chunks={}, partitions={}, projection=[{}]",
+            "RemoteScanExec: rows={}, chunks={} of {}, partitions={}, projection=[{}]",
             self.frame.rows(),
+            self.chunks.len(),
             self.frame.chunk_count(),
             self.ranges.len(),
             names.join(", ")
@@ -192,7 +212,9 @@ impl ExecutionPlan for RemoteScanExec {
         args: &StatisticsArgs,
     ) -> DfResult<Arc<Statistics>> {
         Ok(Arc::new(match args.partition() {
-            None => frame_statistics(&self.frame, &self.columns, &self.schema),
+            None => self
+                .stats
+                .for_planner(&self.frame.meta().chunks, &self.chunks, &self.columns),
             Some(_) => Statistics::new_unknown(&self.schema),
         }))
     }
@@ -219,7 +241,7 @@ impl ExecutionPlan for RemoteScanExec {
                 schema: self.schema.clone(),
                 batch_rows: self.batch_rows,
             },
-            range,
+            self.chunks[range].to_vec(),
             self.limit,
             &self.metrics,
             partition,
@@ -232,7 +254,7 @@ impl ExecutionPlan for RemoteScanExec {
 /// `metrics`.
 pub(crate) fn chunk_stream(
     reader: ChunkReader,
-    chunks: std::ops::Range<usize>,
+    chunks: Vec<usize>,
     limit: Option<usize>,
     metrics: &ExecutionPlanMetricsSet,
     partition: usize,
@@ -242,7 +264,7 @@ pub(crate) fn chunk_stream(
     let schema = reader.schema.clone();
     let state = ScanState {
         reader,
-        chunks,
+        chunks: chunks.into_iter(),
         pending: VecDeque::new(),
         left: limit,
         failed: false,
@@ -352,7 +374,7 @@ fn compact_views(b: RecordBatch) -> DfResult<RecordBatch> {
 /// The state of one partition's scan stream.
 struct ScanState {
     reader: ChunkReader,
-    chunks: std::ops::Range<usize>,
+    chunks: std::vec::IntoIter<usize>,
     pending: VecDeque<RecordBatch>,
     /// Rows still wanted under a pushed-down limit.
     left: Option<usize>,

@@ -15,8 +15,21 @@ use futures::Stream;
 
 use crate::env::FrameEnv;
 
-/// Bytes a spill writer gathers locally before writing them as one remote block.
+/// The most bytes a spill writer gathers locally before writing them as one remote
+/// block.
 const BLOCK_BYTES: usize = 1 << 20;
+
+/// The least: smaller blocks cost a remote write each for little.
+const MIN_BLOCK_BYTES: usize = 16 << 10;
+
+/// Bytes a spill writer gathers before writing a block, under `budget`: a grace
+/// partitioning keeps up to 2 x 16 writers open at once (a join's two sides), whose
+/// blocks together stay within a quarter of the budget.
+fn block_bytes(budget: u64) -> usize {
+    usize::try_from(budget / 128)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_BLOCK_BYTES, BLOCK_BYTES)
+}
 
 /// Counters of one query's spilling.
 #[derive(Debug, Default)]
@@ -33,11 +46,17 @@ pub(crate) struct SpillCounters {
 pub(crate) struct RemoteSpillFactory {
     env: FrameEnv,
     counters: Arc<SpillCounters>,
+    block_bytes: usize,
 }
 
 impl RemoteSpillFactory {
     pub(crate) fn new(env: FrameEnv, counters: Arc<SpillCounters>) -> Self {
-        RemoteSpillFactory { env, counters }
+        let block_bytes = block_bytes(env.budget());
+        RemoteSpillFactory {
+            env,
+            counters,
+            block_bytes,
+        }
     }
 }
 
@@ -50,6 +69,7 @@ impl TempFileFactory for RemoteSpillFactory {
                 description: description.to_owned(),
                 blocks: Mutex::new(Vec::new()),
                 counters: self.counters.clone(),
+                block_bytes: self.block_bytes,
             }),
         }))
     }
@@ -70,6 +90,8 @@ struct SpillBlocks {
     description: String,
     blocks: Mutex<Vec<Block>>,
     counters: Arc<SpillCounters>,
+    /// Bytes a writer gathers before writing a block.
+    block_bytes: usize,
 }
 
 impl SpillBlocks {
@@ -200,7 +222,7 @@ impl SpillFile for RemoteSpillFile {
     fn open_writer(&self) -> DfResult<Box<dyn SpillWriter>> {
         Ok(Box::new(RemoteSpillWriter {
             inner: self.inner.clone(),
-            buf: Vec::with_capacity(BLOCK_BYTES),
+            buf: Vec::with_capacity(self.inner.block_bytes),
         }))
     }
 }
@@ -223,10 +245,11 @@ impl RemoteSpillWriter {
 
 impl Write for RemoteSpillWriter {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let room = BLOCK_BYTES - self.buf.len();
+        let block = self.inner.block_bytes;
+        let room = block - self.buf.len();
         let n = room.min(data.len());
         self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == BLOCK_BYTES {
+        if self.buf.len() == block {
             self.flush_block().map_err(std::io::Error::other)?;
         }
         Ok(n)
@@ -265,6 +288,17 @@ mod tests {
             .add_element("mem0", Arc::new(LocalTransport::new(16 << 20).unwrap()))
             .unwrap();
         FrameEnv::new(store)
+    }
+
+    #[test]
+    fn blocks_shrink_with_the_budget() {
+        assert_eq!(block_bytes(u64::MAX), BLOCK_BYTES);
+        assert_eq!(block_bytes(64 << 20), 512 << 10);
+        assert_eq!(block_bytes(1 << 20), MIN_BLOCK_BYTES);
+        // 32 writers' blocks take at most a quarter of a budget that is not tiny.
+        for budget in [4u64 << 20, 25 << 20, 200 << 20] {
+            assert!(32 * block_bytes(budget) as u64 <= budget / 4);
+        }
     }
 
     #[test]

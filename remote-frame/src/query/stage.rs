@@ -117,15 +117,17 @@ fn may_cut_below(parent: &dyn ExecutionPlan, k: usize) -> bool {
 }
 
 fn is_final_aggregate(plan: &dyn ExecutionPlan) -> bool {
-    plan.downcast_ref::<AggregateExec>().is_some_and(|a| {
-        matches!(
-            a.mode(),
-            AggregateMode::Final
-                | AggregateMode::FinalPartitioned
-                | AggregateMode::Single
-                | AggregateMode::SinglePartitioned
-        )
-    })
+    // SpillingAggregateExec wraps only final phases.
+    plan.name() == "SpillingAggregateExec"
+        || plan.downcast_ref::<AggregateExec>().is_some_and(|a| {
+            matches!(
+                a.mode(),
+                AggregateMode::Final
+                    | AggregateMode::FinalPartitioned
+                    | AggregateMode::Single
+                    | AggregateMode::SinglePartitioned
+            )
+        })
 }
 
 fn inputs_of(plan: &Arc<dyn ExecutionPlan>, cuts: &mut Vec<Cut>) -> Vec<usize> {
@@ -546,7 +548,7 @@ impl ExecutionPlan for StageInputExec {
                 schema: self.schema.clone(),
                 batch_rows: self.batch_rows,
             },
-            0..chunks,
+            (0..chunks).collect(),
             None,
             &self.metrics,
             partition,

@@ -1,0 +1,302 @@
+//! A hash aggregate whose state spills to memory elements by hash partitioning.
+//!
+//! DataFusion's hash aggregate spills by sorting its state, which needs memory of its
+//! own; at a small budget that sort cannot get it and the query fails. Under a budget
+//! the session keeps aggregation in two phases (a partial aggregate, which emits early
+//! when its memory runs short, then a final one), and [`SpillingAggregateExec`] wraps
+//! the final phase (or a single-phase aggregate over plain GROUP BY keys): it reads
+//! its input while its reservation grows; if the whole input fits, the wrapped
+//! aggregate runs as is on the rows read. If not, the input is hash-partitioned on the
+//! group keys into spill files in memory elements, and the wrapped aggregate runs
+//! partition by partition, each again through a spilling aggregate with a new hash
+//! seed, so a partition that is still too large is split again. Every group lands in
+//! exactly one partition, so the answer is DataFusion's.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
+};
+use datafusion::physical_plan::spill::SpillManager;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode,
+    PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use super::grace::{
+    level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec, FANOUT,
+    MAX_LEVEL,
+};
+
+/// Replaces the final phase of DataFusion's hash aggregates by
+/// [`SpillingAggregateExec`] (a physical optimizer rule, added when the session has a
+/// budget).
+#[derive(Debug, Default)]
+pub(crate) struct SpillingAggregates;
+
+impl PhysicalOptimizerRule for SpillingAggregates {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            if !wrappable(agg) {
+                return Ok(Transformed::no(node));
+            }
+            let wrapped: Arc<dyn ExecutionPlan> =
+                Arc::new(SpillingAggregateExec::new(Arc::new(agg.clone()), 0));
+            Ok(Transformed::yes(wrapped))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "scad_spilling_aggregates"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// Whether `agg` holds state per group that partitioning on its group keys splits:
+/// a final phase (its keys are the partial phase's output columns, grouping sets
+/// included as the grouping id), or a single phase over plain GROUP BY keys (with
+/// grouping sets, one group takes rows of many key values). Aggregates over sorted
+/// input stream and need no help; nor do those without keys or with a limit.
+fn wrappable(agg: &AggregateExec) -> bool {
+    let final_state = matches!(
+        agg.mode(),
+        AggregateMode::Final
+            | AggregateMode::FinalPartitioned
+            | AggregateMode::Single
+            | AggregateMode::SinglePartitioned
+    );
+    final_state
+        && agg.group_expr().is_single()
+        && !agg.group_expr().expr().is_empty()
+        && *agg.input_order_mode() == InputOrderMode::Linear
+        && agg.limit_options().is_none()
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct SpillingAggregateExec {
+    agg: Arc<AggregateExec>,
+    level: u32,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl SpillingAggregateExec {
+    fn new(agg: Arc<AggregateExec>, level: u32) -> Self {
+        let properties = agg.properties().clone();
+        SpillingAggregateExec {
+            agg,
+            level,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The wrapped aggregate over `input` (one partition).
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> DfResult<Arc<AggregateExec>> {
+        let agg = AggregateExec::try_new(
+            *self.agg.mode(),
+            self.agg.group_expr().clone(),
+            self.agg.aggr_expr().to_vec(),
+            self.agg.filter_expr().to_vec(),
+            input,
+            self.agg.input_schema(),
+        )?;
+        Ok(Arc::new(agg))
+    }
+}
+
+impl DisplayAs for SpillingAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SpillingAggregateExec: level={}, wraps ", self.level)?;
+        self.agg.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for SpillingAggregateExec {
+    fn name(&self) -> &str {
+        "SpillingAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.agg.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        self.agg.apply_expressions(f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|c| {
+            DataFusionError::Internal(format!(
+                "SpillingAggregateExec takes one child, got {}",
+                c.len()
+            ))
+        })?;
+        Ok(Arc::new(SpillingAggregateExec::new(
+            self.with_input(input)?,
+            self.level,
+        )))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let run = AggregateRun {
+            exec: SpillingAggregateExec {
+                agg: self.agg.clone(),
+                level: self.level,
+                properties: self.properties.clone(),
+                metrics: self.metrics.clone(),
+            },
+            partition,
+            context,
+            spilled_partitions: MetricBuilder::new(&self.metrics)
+                .counter("spilled_partitions", partition),
+        };
+        let schema = self.agg.schema();
+        let stream = futures::stream::once(run.start()).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// One partition's execution.
+struct AggregateRun {
+    exec: SpillingAggregateExec,
+    partition: usize,
+    context: Arc<TaskContext>,
+    spilled_partitions: Count,
+}
+
+impl AggregateRun {
+    async fn start(self) -> DfResult<SendableRecordBatchStream> {
+        let agg = &self.exec.agg;
+        let input_schema = agg.input().schema();
+        let mut input = agg.input().execute(self.partition, self.context.clone())?;
+        let reservation = MemoryConsumer::new(format!(
+            "SpillingAggregate[{}] level {}",
+            self.partition, self.exec.level
+        ))
+        .with_can_spill(true)
+        .register(self.context.memory_pool());
+        let cap = match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes / 2,
+            _ => usize::MAX,
+        };
+        let mut held = Vec::new();
+        let mut overflow = None;
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            // As a join's build side: at most half the budget, so that the
+            // operators feeding this one keep room while it reads.
+            let need = state_cost(&batch);
+            if reservation.size() + need <= cap && reservation.try_grow(need).is_ok() {
+                held.push(batch);
+            } else {
+                overflow = Some(batch);
+                break;
+            }
+        }
+        let Some(first_overflow) = overflow else {
+            // It fits: the wrapped aggregate runs on the rows read, reserving its
+            // own as this gives them back.
+            let rows = reserved_stream(input_schema.clone(), held, reservation, state_cost);
+            let inner = self
+                .exec
+                .with_input(Arc::new(OneShotExec::new(input_schema, rows)))?;
+            return inner.execute(0, self.context.clone());
+        };
+        // Too large: partition the input into memory elements by group key.
+        self.spilled_partitions.add(FANOUT);
+        let keys = agg.group_expr().input_exprs();
+        let spill = Arc::new(SpillManager::new(
+            self.context.runtime_env(),
+            SpillMetrics::new(&self.exec.metrics, self.partition),
+            input_schema.clone(),
+        ));
+        let buffered = futures::stream::iter(held.into_iter().chain([first_overflow]).map(Ok));
+        let files = spill_partitioned(
+            &spill,
+            &keys,
+            level_seed(self.exec.level),
+            "hash aggregate",
+            buffered.chain(input),
+        )
+        .await?;
+        reservation.free();
+        let schema = agg.schema();
+        let level = self.exec.level;
+        let exec = Arc::new(self.exec);
+        let context = self.context;
+        let runs = futures::stream::iter(files).map(move |file| {
+            let leaf = OneShotExec::new(spill.schema().clone(), partition_stream(&spill, file)?);
+            let inner = exec.with_input(Arc::new(leaf))?;
+            let plan: Arc<dyn ExecutionPlan> = if level < MAX_LEVEL {
+                Arc::new(SpillingAggregateExec::new(inner, level + 1))
+            } else {
+                inner
+            };
+            plan.execute(0, context.clone())
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            runs.try_flatten(),
+        )))
+    }
+}
+
+/// What an input batch reserves: the rows, and about as much again for the groups'
+/// hash table and accumulators.
+fn state_cost(batch: &RecordBatch) -> usize {
+    2 * batch.get_array_memory_size()
+}
