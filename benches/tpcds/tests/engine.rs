@@ -40,7 +40,6 @@ fn run_all(fraction: f64) -> Vec<String> {
     let session = session(&env, &tables.open(&cluster).unwrap()).unwrap();
     let mut failures = Vec::new();
     let mut spilled = Vec::new();
-    let mut aggregate_gaps = Vec::new();
     for q in official_queries() {
         let run = run_query(&session, set, &q).unwrap();
         let outcome = match (run.stats, run.error) {
@@ -59,17 +58,6 @@ fn run_all(fraction: f64) -> Vec<String> {
                     spilled.push(q.clone());
                 }
             }
-            // DataFusion's hash aggregate sometimes fails instead of spilling when
-            // the budget is tight (a known gap, our own aggregate is to come): such
-            // a failure must be a clean out-of-budget error naming it, never a wrong
-            // answer, and at most two queries may hit it.
-            Err(e)
-                if e.contains("needs more local memory than its budget")
-                    && e.contains("HashAggregateStream") =>
-            {
-                eprintln!("{q}: {e}");
-                aggregate_gaps.push(q.clone());
-            }
             Err(e) => {
                 eprintln!("{q}: {e}");
                 failures.push(q.clone());
@@ -82,20 +70,16 @@ fn run_all(fraction: f64) -> Vec<String> {
         "{} queries differ: {failures:?}",
         failures.len()
     );
-    assert!(
-        aggregate_gaps.len() <= 2,
-        "{} queries hit the aggregate's budget gap: {aggregate_gaps:?}",
-        aggregate_gaps.len()
-    );
     spilled
 }
 
 #[test]
 fn all_99_queries_equal_duckdb_within_a_spilling_budget() {
-    // 25 % of the largest table, as the benchmark runs: the hash joins of q4, q11
-    // and q72 outgrow it and spill to the memory elements. (At 10 % all 99 were
-    // equal in most runs; q23's aggregate failed in one.)
-    let spilled = run_all(0.25);
+    // 10 % of the largest table (1.2 MB at SF 0.01): hash joins, aggregates (q67's
+    // ROLLUP) and sorts of eleven queries outgrow it and spill to the memory
+    // elements. (At 5 %, 98 are equal; q67 fails cleanly out of budget: the sort
+    // above its aggregate takes all the memory the aggregate's partitions free.)
+    let spilled = run_all(0.10);
     eprintln!("{} queries spilled: {spilled:?}", spilled.len());
-    assert!(spilled.len() >= 3, "too few queries spilled: {spilled:?}");
+    assert!(spilled.len() >= 8, "too few queries spilled: {spilled:?}");
 }

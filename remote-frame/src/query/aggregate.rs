@@ -229,18 +229,26 @@ impl AggregateRun {
         ))
         .with_can_spill(true)
         .register(self.context.memory_pool());
-        let cap = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes / 2,
-            _ => usize::MAX,
+        let (cap, floor) = match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => (bytes / 2, (bytes / 16).min(FLOOR_CAP)),
+            _ => (usize::MAX, 0),
         };
+        // Room kept from the start, before the input runs: an operator above that
+        // takes all the memory free (a sort fed by this aggregate) would otherwise
+        // leave its partitions none. Less if less is free.
+        let _ = reservation.try_grow(floor);
         let mut held = Vec::new();
+        let mut used = 0;
         let mut overflow = None;
         while let Some(batch) = input.next().await {
             let batch = batch?;
             // As a join's build side: at most half the budget, so that the
             // operators feeding this one keep room while it reads.
-            let need = state_cost(&batch);
-            if reservation.size() + need <= cap && reservation.try_grow(need).is_ok() {
+            let need = used + state_cost(&batch);
+            let room = need <= reservation.size()
+                || (need <= cap && reservation.try_grow(need - reservation.size()).is_ok());
+            if room {
+                used = need;
                 held.push(batch);
             } else {
                 overflow = Some(batch);
@@ -273,27 +281,52 @@ impl AggregateRun {
             buffered.chain(input),
         )
         .await?;
-        reservation.free();
+        reservation.shrink(reservation.size().saturating_sub(floor));
         let schema = agg.schema();
         let level = self.exec.level;
         let exec = Arc::new(self.exec);
         let context = self.context;
-        let runs = futures::stream::iter(files).map(move |file| {
-            let leaf = OneShotExec::new(spill.schema().clone(), partition_stream(&spill, file)?);
-            let inner = exec.with_input(Arc::new(leaf))?;
-            let plan: Arc<dyn ExecutionPlan> = if level < MAX_LEVEL {
-                Arc::new(SpillingAggregateExec::new(inner, level + 1))
-            } else {
-                inner
-            };
-            plan.execute(0, context.clone())
-        });
+        let reservation = Arc::new(reservation);
+        let runs =
+            futures::stream::iter(files).map(move |file| -> DfResult<SendableRecordBatchStream> {
+                let leaf =
+                    OneShotExec::new(spill.schema().clone(), partition_stream(&spill, file)?);
+                let inner = exec.with_input(Arc::new(leaf))?;
+                let plan: Arc<dyn ExecutionPlan> = if level < MAX_LEVEL {
+                    Arc::new(SpillingAggregateExec::new(inner, level + 1))
+                } else {
+                    inner
+                };
+                // The partition runs in the room kept; taken back when it is done.
+                reservation.free();
+                let rows = plan.execute(0, context.clone())?;
+                let keep = reservation.clone();
+                let pool = context.memory_pool().clone();
+                let regain = futures::stream::once(async move {
+                    // As much of the room as is free again.
+                    let free = match pool.memory_limit() {
+                        MemoryLimit::Finite(limit) => limit.saturating_sub(pool.reserved()),
+                        _ => floor,
+                    };
+                    let _ = keep.try_grow(floor.min(free));
+                })
+                .filter_map(|()| async { None });
+                let rows = Box::pin(RecordBatchStreamAdapter::new(
+                    plan.schema(),
+                    rows.chain(regain),
+                ));
+                Ok(rows)
+            });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             schema,
             runs.try_flatten(),
         )))
     }
 }
+
+/// The most an aggregate keeps for itself before its input runs (a sixteenth of
+/// the budget up to this).
+const FLOOR_CAP: usize = 8 << 20;
 
 /// What an input batch reserves: the rows, and about as much again for the groups'
 /// hash table and accumulators.

@@ -41,25 +41,24 @@ pub(crate) fn level_seed(level: u32) -> u64 {
 }
 
 /// Batches read under `reservation` (each batch having reserved `cost(batch)`), as a
-/// stream that shrinks the reservation by each batch's share once it has been
-/// handed on, so that the operator consuming them reserves while this gives back.
+/// stream that gives each batch's share back as it hands the batch on, for the
+/// operator consuming them to reserve in turn (giving back after the hand-off would
+/// count the batch twice while the consumer reserves). Whatever the reservation
+/// holds beyond the batches' shares is given back first.
 pub(crate) fn reserved_stream(
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
     reservation: MemoryReservation,
     cost: fn(&RecordBatch) -> usize,
 ) -> SendableRecordBatchStream {
-    let state = (VecDeque::from(batches), reservation, None::<usize>);
-    let stream =
-        futures::stream::unfold(state, move |(mut queue, reservation, handed)| async move {
-            // The batch handed on last is the consumer's now.
-            if let Some(bytes) = handed {
-                reservation.shrink(bytes.min(reservation.size()));
-            }
-            let batch = queue.pop_front()?;
-            let bytes = cost(&batch);
-            Some((Ok(batch), (queue, reservation, Some(bytes))))
-        });
+    let shares: usize = batches.iter().map(cost).sum();
+    reservation.shrink(reservation.size().saturating_sub(shares));
+    let state = (VecDeque::from(batches), reservation);
+    let stream = futures::stream::unfold(state, move |(mut queue, reservation)| async move {
+        let batch = queue.pop_front()?;
+        reservation.shrink(cost(&batch).min(reservation.size()));
+        Some((Ok(batch), (queue, reservation)))
+    });
     Box::pin(RecordBatchStreamAdapter::new(schema, stream))
 }
 
