@@ -75,7 +75,7 @@ fn run_all(fraction: f64) -> Vec<String> {
 
 #[test]
 fn all_99_queries_equal_duckdb_within_a_spilling_budget() {
-    // 10 % of the largest table (1.2 MB at SF 0.01): hash joins, aggregates (q67's
+    // 10 % of the largest table (2.4 MB at SF 0.01): hash joins, aggregates (q67's
     // ROLLUP) and sorts of eleven queries outgrow it and spill to the memory
     // elements. (At 5 %, 98 are equal; q67 fails cleanly out of budget: the sort
     // above its aggregate takes all the memory the aggregate's partitions free.)
