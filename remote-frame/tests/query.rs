@@ -495,7 +495,7 @@ fn bad_queries_get_clear_errors() {
 #[test]
 fn a_failing_query_leaves_no_remote_memory_allocated() {
     // Every row shares one key: the build side cannot be split, and the budget is
-    // far below it, so the join fails after spilling.
+    // far below it, so the join fails after spilling; so does an aggregate.
     let f = fixture(20_000, 20_000, 1, 1);
     let free_before: u64 = f
         .env
@@ -511,6 +511,16 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
         .unwrap_err();
     assert!(
         matches!(&err, Error::OutOfBudget { detail, .. } if detail.contains("HashJoin")),
+        "{err}"
+    );
+    assert_eq!(s.spill_bytes_held(), 0);
+    // One group whose state outgrows the budget: the aggregate partitions (every
+    // row into the same partition, level after level) and then fails.
+    let err = s
+        .sql("SELECT k1, array_agg(name) AS names FROM fact GROUP BY k1")
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::OutOfBudget { detail, .. } if detail.contains("Aggregate")),
         "{err}"
     );
     assert_eq!(s.spill_bytes_held(), 0);
