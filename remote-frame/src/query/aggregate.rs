@@ -30,8 +30,8 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode,
-    PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, PlanProperties,
+    ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -173,15 +173,7 @@ impl ExecutionPlan for SpillingAggregateExec {
         )))
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
+    super::leaf::with_new_children_by_replace!();
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())

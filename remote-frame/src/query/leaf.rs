@@ -1,5 +1,5 @@
 //! The parts every leaf operator of ours (a scan, a stage input, a prepared stream)
-//! implements the same way.
+//! implements the same way, and the `with_new_children` all our operators share.
 
 /// Inside `impl ExecutionPlan for $ty`: `name`, `properties` (from a `properties`
 /// field), `children` (none), `apply_expressions` (none), and `replace_children` /
@@ -44,6 +44,14 @@ macro_rules! leaf_plan_methods {
             }
         }
 
+        $crate::query::leaf::with_new_children_by_replace!();
+    };
+}
+
+/// Inside `impl ExecutionPlan for $ty`: `with_new_children` as `replace_children` with
+/// the properties recomputed (what every operator of ours does).
+macro_rules! with_new_children_by_replace {
+    () => {
         fn with_new_children(
             self: std::sync::Arc<Self>,
             children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
@@ -60,3 +68,4 @@ macro_rules! leaf_plan_methods {
 }
 
 pub(crate) use leaf_plan_methods;
+pub(crate) use with_new_children_by_replace;
