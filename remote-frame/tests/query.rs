@@ -444,6 +444,59 @@ fn scans_skip_the_chunks_a_filter_excludes() {
 }
 
 #[test]
+fn a_join_chain_joins_its_filtered_relation_first() {
+    let f = fixture(20_000, 500, 500, 500);
+    // Written fact, unfiltered dim, filtered dim: run fact, filtered, unfiltered.
+    let sql = "SELECT count(*) AS n, sum(f.qty) AS s FROM fact f, dim a, dim b \
+               WHERE f.k1 = a.d1 AND f.qty = b.d1 AND b.label = 'label-7'";
+    let s = f.session(None);
+    let plan = s.explain(sql).unwrap();
+    let deepest = plan
+        .lines()
+        .filter(|l| l.contains("HashJoinExec"))
+        .last()
+        .unwrap_or_else(|| panic!("no hash join in {plan}"));
+    let keys = deepest
+        .split("on=[")
+        .nth(1)
+        .and_then(|t| t.split(']').next())
+        .unwrap_or_default();
+    assert!(
+        keys.contains("qty@"),
+        "the filtered dim is not joined first: {plan}"
+    );
+    let filtered = f
+        .dim
+        .clone()
+        .lazy()
+        .filter(col("label").eq(lit("label-7")))
+        .select([col("d1").alias("b1")]);
+    let want = f
+        .fact
+        .clone()
+        .lazy()
+        .join(
+            f.dim.clone().lazy().select([col("d1")]),
+            [col("k1")],
+            [col("d1")],
+            JoinArgs::new(JoinType::Inner),
+        )
+        .join(
+            filtered,
+            [col("qty")],
+            [col("b1")],
+            JoinArgs::new(JoinType::Inner),
+        )
+        .select([
+            len().cast(DataType::Int64).alias("n"),
+            col("qty").sum().alias("s"),
+        ])
+        .collect()
+        .unwrap();
+    f.check("join chain", sql, &want, false);
+}
+
+#[test]
 fn results_go_back_to_memory_elements() {
     let f = fixture(5_000, 10, 100, 10);
     let s = f.session(None);

@@ -25,8 +25,8 @@
 //! - limits (and every operator's `fetch`) cap; unions add; the rest keep their
 //!   input's rows.
 //!
-//! Only the sides of each join are chosen; the order of a join chain stays as
-//! DataFusion's planner wrote it.
+//! Only the sides of each join are chosen here; the order of a chain of inner joins
+//! was chosen on the logical plan ([`super::chain_order`]).
 
 use std::sync::Arc;
 

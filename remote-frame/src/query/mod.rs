@@ -43,6 +43,7 @@
 //! ```
 
 mod aggregate;
+mod chain_order;
 mod grace;
 mod join;
 mod join_order;
@@ -319,6 +320,7 @@ impl QuerySession {
         }
         let ctx = SessionContext::new_with_state(state.build());
         ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
+        ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("scad-query")
