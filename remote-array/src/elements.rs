@@ -461,7 +461,10 @@ mod tests {
     fn a_range_must_fit_the_element() {
         let m = MemoryElements::new();
         let err = m.add_range("mem", local(4096), 0..8192).unwrap_err();
-        assert!(matches!(err, Error::RemoteRange { size: 4096, .. }), "{err}");
+        assert!(
+            matches!(err, Error::RemoteRange { size: 4096, .. }),
+            "{err}"
+        );
         assert!(m.is_empty());
     }
 

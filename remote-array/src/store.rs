@@ -219,7 +219,10 @@ mod tests {
         );
         let store = Arc::new(RemoteStore::new(Arc::clone(&pool)));
         assert!(Arc::ptr_eq(store.elements(), &elements));
-        assert!(Arc::ptr_eq(&store.elements().transport("mem0").expect("t"), &t));
+        assert!(Arc::ptr_eq(
+            &store.elements().transport("mem0").expect("t"),
+            &t
+        ));
         // A second transport under the same name is refused, whoever asks.
         let other: Arc<dyn Transport> = Arc::new(LocalTransport::new(1 << 20).expect("local"));
         assert!(matches!(
@@ -238,10 +241,16 @@ mod tests {
         let e = &arr.meta().extents[0];
         let mut raw = vec![0u8; e.bytes as usize];
         t.read(e.addr, &mut raw).expect("read");
-        assert_eq!(raw, bytemuck::cast_slice::<u32, u8>(data.as_slice().expect("c order")));
+        assert_eq!(
+            raw,
+            bytemuck::cast_slice::<u32, u8>(data.as_slice().expect("c order"))
+        );
         // Elements added later are placed on too.
         elements
-            .add("mem1", Arc::new(LocalTransport::new(1 << 20).expect("local")))
+            .add(
+                "mem1",
+                Arc::new(LocalTransport::new(1 << 20).expect("local")),
+            )
             .expect("add");
         let arr = RemoteArray::from_array_with(&store, &data, &Placement::on("mem1"))
             .expect("array on mem1");

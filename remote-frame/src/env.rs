@@ -399,7 +399,10 @@ mod tests {
     fn an_unknown_element_names_the_known_ones() {
         let elements = Arc::new(MemoryElements::new());
         elements
-            .add("mem0", Arc::new(LocalTransport::new(1 << 20).expect("local")))
+            .add(
+                "mem0",
+                Arc::new(LocalTransport::new(1 << 20).expect("local")),
+            )
             .expect("add");
         let env = FrameEnv::new(elements);
         let err = env.transport("nope").map(drop).unwrap_err();

@@ -7,7 +7,7 @@ use super::copy::copy_bytes;
 use super::rounds::{Round, Slot, SlotKind};
 use super::stats;
 use super::table::State;
-use super::{BufferPool, PoolRead, ElementId};
+use super::{BufferPool, ElementId, PoolRead};
 use crate::error::{Error, Result};
 
 /// [`BufferPool::read_direct`] populates destinations of at least this many bytes.

@@ -9,7 +9,7 @@ use super::eviction::FrameId;
 use super::pages::page_len;
 use super::stats;
 use super::table::{Dirty, PageKey};
-use super::{BufferPool, Entry, ElementId};
+use super::{BufferPool, ElementId, Entry};
 use crate::error::{Error, Result};
 
 impl BufferPool {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::pages::{page_len, split};
 use super::table::PageKey;
-use super::{BufferPool, Entry, ElementId};
+use super::{BufferPool, ElementId, Entry};
 use crate::error::{Error, Result};
 
 /// One piece of a request: the part of one range that falls in one page.
@@ -39,7 +39,9 @@ impl BufferPool {
         let mut spans: Vec<(ElementId, u64, u64)> = Vec::new();
         for (seg, (t, addr, len)) in ranges.enumerate() {
             let e = entries.get(t.index()).ok_or_else(|| {
-                Error::InvalidArgument(format!("memory element {t} is not registered with this pool's elements"))
+                Error::InvalidArgument(format!(
+                    "memory element {t} is not registered with this pool's elements"
+                ))
             })?;
             match addr.checked_add(len as u64) {
                 Some(end) if end <= e.size => {}

@@ -203,7 +203,8 @@ fn several_transports_in_one_request() {
     let ta = p.elements().add("a", a).unwrap();
     let tb = p.elements().add("b", b).unwrap();
     assert!(matches!(
-        p.elements().add("a", Arc::new(LocalTransport::new(1).unwrap())),
+        p.elements()
+            .add("a", Arc::new(LocalTransport::new(1).unwrap())),
         Err(Error::DuplicateElement { .. })
     ));
     let (mut x, mut y) = (vec![0u8; 5000], vec![0u8; 5000]);
@@ -230,7 +231,8 @@ fn several_transports_in_one_request() {
 fn out_of_range_and_unknown_transport() {
     let p = pool(4096, 1024, EvictionPolicy::Clock);
     let t = p
-        .elements().add("m", Arc::new(LocalTransport::new(5000).unwrap()))
+        .elements()
+        .add("m", Arc::new(LocalTransport::new(5000).unwrap()))
         .unwrap();
     let err = p.read(t, 4990, &mut [0u8; 20]).unwrap_err();
     assert!(
@@ -259,7 +261,8 @@ fn sequential_reads_trigger_read_ahead() {
         .build()
         .unwrap();
     let t = p
-        .elements().add("m", Arc::new(LocalTransport::new(1 << 20).unwrap()))
+        .elements()
+        .add("m", Arc::new(LocalTransport::new(1 << 20).unwrap()))
         .unwrap();
     let mut b = [0u8; 1024];
     for page in 0..12u64 {
@@ -450,7 +453,8 @@ fn read_direct_sees_completed_writes_while_other_threads_evict() {
             .unwrap(),
     );
     let t = pool
-        .elements().add("m", Arc::new(LocalTransport::new(4 << 20).unwrap()))
+        .elements()
+        .add("m", Arc::new(LocalTransport::new(4 << 20).unwrap()))
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let evictor = {

@@ -108,7 +108,10 @@ pub fn reopen(env: &Env, setup: Setup) -> Arc<RemoteStore> {
     let store = Arc::new(RemoteStore::new(pool(&setup)));
     for (i, s) in env.servers.iter().enumerate() {
         let t = TcpTransport::connect(&s.local_addr().to_string(), tcp_options()).unwrap();
-        store.elements().add(&format!("mem{i}"), Arc::new(t)).unwrap();
+        store
+            .elements()
+            .add(&format!("mem{i}"), Arc::new(t))
+            .unwrap();
     }
     store
 }
