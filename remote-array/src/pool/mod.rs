@@ -85,7 +85,7 @@ pub use stats::{PoolStats, PoolUsage};
 /// One range of a [`BufferPool::read_many`] call: fill `dst` from `addr` of `transport`.
 #[derive(Debug)]
 pub struct PoolRead<'a> {
-    /// Transport to read from.
+    /// Memory element to read from (its id in the pool's [`MemoryElements`]).
     pub transport: ElementId,
     /// Remote address.
     pub addr: u64,
@@ -96,7 +96,7 @@ pub struct PoolRead<'a> {
 /// One range of a [`BufferPool::write_many`] call: store `src` at `addr` of `transport`.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolWrite<'a> {
-    /// Transport to write to.
+    /// Memory element to write to (its id in the pool's [`MemoryElements`]).
     pub transport: ElementId,
     /// Remote address.
     pub addr: u64,
@@ -107,7 +107,7 @@ pub struct PoolWrite<'a> {
 /// One remote range, for [`BufferPool::prefetch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolRange {
-    /// Transport the range lives on.
+    /// Memory element the range lives on.
     pub transport: ElementId,
     /// Remote address.
     pub addr: u64,
