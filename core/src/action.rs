@@ -163,6 +163,29 @@ impl Action {
             .collect()
     }
 
+    /// Names of the client transports, in order: the memory elements this element
+    /// reaches (server transports, the serving side of a memory element, are left
+    /// out). Each may still be waiting for its configuration. This is the list a
+    /// registry of memory elements is filled from (`scad_remote_array::MemoryElements`
+    /// takes an action's client transports by these names).
+    pub fn client_names(&self) -> Vec<String> {
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, slot)| {
+                !slot
+                    .state
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .durl
+                    .kind
+                    .is_server()
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     fn slot(&self, name: &str) -> Result<Arc<Slot>> {
         let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots

@@ -207,3 +207,15 @@ fn names_kinds_and_buffers_are_checked() {
     ));
     assert_eq!(TransportState::Ready.code(), 1);
 }
+
+#[test]
+fn client_names_leave_out_server_transports() {
+    let action = Action::new("names");
+    action.add_transport("b;rdma_local;size,4096;").unwrap();
+    action.add_transport("a;rdma_tcp;").unwrap(); // pending: still a client
+    action
+        .add_transport("srv;rdma_tcp_server;url,tcp://*:0;size,4096;")
+        .unwrap();
+    assert_eq!(action.names(), ["a", "b", "srv"]);
+    assert_eq!(action.client_names(), ["a", "b"]);
+}

@@ -10,7 +10,7 @@
 use std::sync::{Arc, OnceLock};
 
 use scad_core::transport::LocalTransport;
-use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_array::MemoryElements;
 use scad_remote_frame::{FrameEnv, FrameMeta, RemoteFrame};
 
 /// Largest frame (in stored bytes) the harness reads back, so one input stays fast.
@@ -21,17 +21,16 @@ const READ_LIMIT: u64 = 1 << 20;
 fn env() -> Option<&'static FrameEnv> {
     static ENV: OnceLock<Option<FrameEnv>> = OnceLock::new();
     ENV.get_or_init(|| {
-        let pool = BufferPool::builder(1 << 20).build().ok()?;
-        let store = Arc::new(RemoteStore::new(Arc::new(pool)));
+        let elements = Arc::new(MemoryElements::new());
         for (i, name) in ["mem0", "mem1"].into_iter().enumerate() {
             let t = LocalTransport::new(4 << 20).ok()?;
             let pattern: Vec<u8> = (0..4usize << 20)
                 .map(|j| if j % 3 == i { (j % 251) as u8 } else { 0 })
                 .collect();
             scad_core::Transport::write(&t, 0, &pattern).ok()?;
-            store.add_element(name, Arc::new(t)).ok()?;
+            elements.add(name, Arc::new(t)).ok()?;
         }
-        Some(FrameEnv::new(store))
+        Some(FrameEnv::new(elements))
     })
     .as_ref()
 }

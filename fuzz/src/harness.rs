@@ -179,7 +179,8 @@ fn store() -> &'static Arc<RemoteStore> {
             let fill: Vec<u8> = (0..64 * 1024).map(|b| (b + i) as u8).collect();
             scad_core::Transport::write(&t, 0, &fill).unwrap_or_else(|e| panic!("{e}"));
             store
-                .add_element(name, Arc::new(t))
+                .elements()
+                .add(name, Arc::new(t))
                 .unwrap_or_else(|e| panic!("fuzz store: {e}"));
         }
         store

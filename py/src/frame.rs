@@ -115,7 +115,7 @@ impl PyFrameEnv {
         chunk_rows: Option<usize>,
         elements: Option<Vec<String>>,
     ) -> PyResult<Self> {
-        let mut env = FrameEnv::new(Arc::clone(&store.inner));
+        let mut env = FrameEnv::new(Arc::clone(store.inner.elements()));
         if let Some(b) = budget {
             if b == 0 {
                 return Err(PyValueError::new_err(
@@ -131,7 +131,7 @@ impl PyFrameEnv {
             env = env.with_chunk_rows(r);
         }
         if let Some(names) = elements {
-            let known = store.inner.element_names();
+            let known = store.inner.elements().names();
             if let Some(bad) = names.iter().find(|n| !known.contains(n)) {
                 return Err(PyKeyError::new_err(format!(
                     "no memory element {bad:?} in the store (known: {})",

@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scad_core::durl::Durl;
 use scad_remote_array::{
-    AllocationState, ArrayMeta, BufferPool, EvictionPolicy, Placement, PoolRange, RemoteArray,
-    RemoteStore, TransportId,
+    AllocationState, ArrayMeta, BufferPool, ElementId, EvictionPolicy, Placement, PoolRange,
+    RemoteArray, RemoteStore,
 };
 
 use crate::action::PyEndpoint;
@@ -34,11 +34,12 @@ fn policy(name: &str) -> PyResult<EvictionPolicy> {
 }
 
 impl PyPool {
-    fn id(&self, name: &str) -> PyResult<TransportId> {
-        self.inner.find_transport(name).ok_or_else(|| {
+    fn id(&self, name: &str) -> PyResult<ElementId> {
+        let elements = self.inner.elements();
+        elements.id(name).map_err(|_| {
             PyKeyError::new_err(format!(
                 "the buffer pool has no transport {name:?} (known: {})",
-                self.inner.transport_names().join(", ")
+                elements.names().join(", ")
             ))
         })
     }
@@ -92,21 +93,19 @@ impl PyPool {
         let ep = Arc::clone(&endpoint.inner);
         detach(py, move || {
             let t = ep.transport().map_err(core_err)?;
-            pool.add_transport(&name, t).map(drop).map_err(array_err)
+            pool.elements().add(&name, t).map(drop).map_err(array_err)
         })
     }
 
     /// True if the pool knows transport `name`.
     fn has_transport(&self, name: &str) -> bool {
-        self.inner.find_transport(name).is_some()
+        self.inner.elements().contains(name)
     }
 
     /// Bytes of memory element `name`.
     fn transport_size(&self, name: &str) -> PyResult<u64> {
-        let id = self.id(name)?;
-        self.inner
-            .transport_size(id)
-            .ok_or_else(|| PyKeyError::new_err(name.to_owned()))
+        self.id(name)?;
+        self.inner.elements().size(name).map_err(array_err)
     }
 
     /// Reads `dst.size` bytes at remote `addr` of `name` into the uint8 array `dst`.
@@ -209,7 +208,7 @@ impl PyStore {
             let d: Durl = durl.parse().map_err(core_err)?;
             let config = d.resolve().map_err(core_err)?;
             let t = scad_core::transport::open(&name, &config).map_err(core_err)?;
-            store.add_element(&name, t).map_err(array_err)
+            store.elements().add(&name, t).map(drop).map_err(array_err)
         })
     }
 
@@ -219,24 +218,31 @@ impl PyStore {
         let ep = Arc::clone(&endpoint.inner);
         detach(py, move || {
             let t = ep.transport().map_err(core_err)?;
-            store.add_element(&name, t).map_err(array_err)
+            store.elements().add(&name, t).map(drop).map_err(array_err)
         })
     }
 
     /// Names of the memory elements.
     fn element_names(&self) -> Vec<String> {
-        self.inner.element_names()
+        self.inner.elements().names()
     }
 
     /// Allocation state as JSON (hand it to the next element).
     fn allocation_state(&self) -> PyResult<String> {
-        self.inner.allocation_state().to_json().map_err(array_err)
+        self.inner
+            .elements()
+            .allocation_state()
+            .to_json()
+            .map_err(array_err)
     }
 
     /// Continues allocating where a previous element stopped.
     fn resume_allocation(&self, json: &str) -> PyResult<()> {
         let state = AllocationState::from_json(json).map_err(array_err)?;
-        self.inner.resume_allocation(&state).map_err(array_err)
+        self.inner
+            .elements()
+            .resume_allocation(&state)
+            .map_err(array_err)
     }
 
     /// The shared pool.
@@ -436,7 +442,7 @@ impl RemoteBytes {
         let pool = Arc::clone(part.store().pool());
         let mut ranges = Vec::new();
         for e in part.meta().extents {
-            let id = pool.find_transport(&e.transport).ok_or_else(|| {
+            let id = pool.elements().id(&e.transport).map_err(|_| {
                 PyKeyError::new_err(format!("the pool has no transport {:?}", e.transport))
             })?;
             let len =

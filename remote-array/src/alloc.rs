@@ -246,8 +246,8 @@ fn round_up(v: u64, align: u64) -> Option<u64> {
 }
 
 /// The allocators of every memory element of a [`crate::RemoteStore`], to hand to the
-/// next element (see [`crate::RemoteStore::allocation_state`] and
-/// [`crate::RemoteStore::resume_allocation`]).
+/// next element (see [`crate::MemoryElements::allocation_state`] and
+/// [`crate::MemoryElements::resume_allocation`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationState {
     /// One allocator per memory element.

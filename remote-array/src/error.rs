@@ -38,10 +38,11 @@ pub enum Error {
     },
 
     /// A transport call failed while the pool fetched pages, wrote them back, or asked
-    /// a memory element for its size.
+    /// a memory element for its size, or an action's transport never became usable.
     #[error("{op} of {len} bytes at {addr:#x} on memory element {element:?} failed: {source}")]
     Transport {
-        /// `"fetch"`, `"write-back"` or `"size"`.
+        /// `"fetch"`, `"write-back"`, `"size"` or `"configure"` (waiting for an action's
+        /// transport).
         op: &'static str,
         /// Name of the memory element (transport) involved.
         element: String,
@@ -57,7 +58,7 @@ pub enum Error {
     /// A transport call did not finish in time (the memory server is gone or stalled).
     #[error("{op} on memory element {element:?} timed out: {source}")]
     Timeout {
-        /// `"fetch"`, `"write-back"` or `"size"`.
+        /// `"fetch"`, `"write-back"`, `"size"` or `"configure"`.
         op: &'static str,
         /// Name of the memory element (transport) involved.
         element: String,
@@ -120,7 +121,7 @@ pub enum Error {
         reason: String,
     },
 
-    /// A memory element name is not registered with the store.
+    /// A memory element name is not registered.
     #[error("unknown memory element {name:?} (known: {known})")]
     UnknownElement {
         /// The name asked for.

@@ -3,13 +3,16 @@
 //! Typed arrays whose data lives in Scad memory elements, read and written through a
 //! local page cache.
 //!
+//! - [`MemoryElements`]: the one registry of the memory elements this compute element
+//!   reaches: name, transport, size and a [`RemoteAllocator`] each, whose state
+//!   ([`AllocationState`]) serializes, so the next element goes on allocating where
+//!   this one stopped. Names are unique; filled by hand or from a
+//!   [`scad_core::Action`].
 //! - [`BufferPool`]: page frames in one registered buffer in front of one or more
 //!   transports; pinning, dirty tracking, CLOCK or LRU eviction with write-back,
 //!   sequential read-ahead, batched fetch through the vectored transport call (the
 //!   transports of one request in parallel), and counters ([`PoolStats`]).
-//! - [`RemoteStore`]: memory elements by name, each with a [`RemoteAllocator`] whose
-//!   state ([`AllocationState`]) serializes, so the next element goes on allocating
-//!   where this one stopped.
+//! - [`RemoteStore`]: a pool and the elements it caches, where arrays are placed.
 //! - [`RemoteArray`]: an `ndarray`-shaped array of any [`bytemuck::Pod`] type, with
 //!   serializable metadata ([`ArrayMeta`]), zero-copy slicing and concatenation along
 //!   axis 0, materialization into `ndarray::Array`, chunked iteration with read-ahead,
@@ -22,23 +25,27 @@
 //! use ndarray::Array2;
 //! use scad_core::server::{MemoryServer, ServerConfig};
 //! use scad_core::transport::{TcpOptions, TcpTransport};
-//! use scad_remote_array::{BufferPool, EvictionPolicy, Placement, RemoteArray, RemoteStore};
+//! use scad_remote_array::{
+//!     BufferPool, EvictionPolicy, MemoryElements, Placement, RemoteArray, RemoteStore,
+//! };
 //!
 //! // Two memory elements (embedded servers here; real ones work the same).
 //! let servers = [
 //!     MemoryServer::start("127.0.0.1:0", 8 << 20, ServerConfig::default())?,
 //!     MemoryServer::start("127.0.0.1:0", 8 << 20, ServerConfig::default())?,
 //! ];
-//! let pool = BufferPool::builder(1 << 20) // 1 MiB of cache
+//! let elements = Arc::new(MemoryElements::new());
+//! for (i, s) in servers.iter().enumerate() {
+//!     let t = TcpTransport::connect(&s.local_addr().to_string(), TcpOptions::default())?;
+//!     elements.add(&format!("mem{i}"), Arc::new(t))?;
+//! }
+//! let pool = BufferPool::builder(1 << 20) // 1 MiB of cache over those elements
 //!     .page_size(16 * 1024)
 //!     .policy(EvictionPolicy::Clock)
 //!     .read_ahead(4)
+//!     .elements(elements)
 //!     .build()?;
 //! let store = Arc::new(RemoteStore::new(Arc::new(pool)));
-//! for (i, s) in servers.iter().enumerate() {
-//!     let t = TcpTransport::connect(&s.local_addr().to_string(), TcpOptions::default())?;
-//!     store.add_element(&format!("mem{i}"), Arc::new(t))?;
-//! }
 //!
 //! // Write a matrix out, striped over both elements in 64 KiB units.
 //! let m = Array2::from_shape_fn((1000, 100), |(i, j)| (i * 100 + j) as f64);
@@ -67,7 +74,9 @@
 //!   `rdma_uverbs` memory elements.
 //!
 //! ## Threads
-//! [`BufferPool`], [`RemoteStore`] and [`RemoteArray`] are `Send + Sync`. The pool
+//! [`MemoryElements`], [`BufferPool`], [`RemoteStore`] and [`RemoteArray`] are
+//! `Send + Sync`. The registry guards its list with a read-write lock and each
+//! allocator with its own mutex; neither is held during I/O. The pool
 //! guards its page table with one mutex that is never held during I/O or copying;
 //! frames are pinned while a request copies to or from them, so eviction never takes
 //! a page in use; a page being loaded by one thread is waited for, not fetched twice,
@@ -84,16 +93,18 @@
 
 pub mod alloc;
 pub mod array;
+pub mod elements;
 pub mod error;
 pub mod pool;
 pub mod store;
 
 pub use alloc::{AllocationState, RemoteAllocator};
 pub use array::{ArrayMeta, Chunks, Extent, RemoteArray};
+pub use elements::{ElementId, MemoryElements};
 pub use error::{Error, Result};
 pub use pool::{
     BufferPool, BufferPoolBuilder, EvictionPolicy, PoolRange, PoolRead, PoolStats, PoolUsage,
-    PoolWrite, TransportId,
+    PoolWrite,
 };
 pub use store::{Placement, RemoteStore};
 
@@ -103,6 +114,7 @@ mod tests {
 
     #[test]
     fn shared_types_are_send_and_sync() {
+        send_sync::<crate::MemoryElements>();
         send_sync::<crate::BufferPool>();
         send_sync::<crate::RemoteStore>();
         send_sync::<crate::RemoteArray<f32, ndarray::Ix2>>();

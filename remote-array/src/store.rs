@@ -1,63 +1,43 @@
-//! [`RemoteStore`]: the named memory elements an element can reach, their allocators,
-//! and the buffer pool in front of them.
+//! [`RemoteStore`]: arrays' view of the memory elements an element can reach (a
+//! [`MemoryElements`] registry) and the buffer pool in front of them.
 
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 
-use scad_core::Transport;
-
-use crate::alloc::{AllocationState, RemoteAllocator, DEFAULT_ALIGN};
+use crate::elements::{ElementId, MemoryElements};
 use crate::error::{Error, Result};
-use crate::pool::{BufferPool, TransportId};
+use crate::pool::BufferPool;
 
 /// Default stripe unit when an array is spread over several memory elements.
 pub const DEFAULT_STRIPE_BYTES: u64 = 1 << 20;
 
-#[derive(Debug)]
-struct Element {
-    name: String,
-    id: TransportId,
-    size: u64,
-    alloc: Mutex<RemoteAllocator>,
-}
-
-/// Memory elements by name, each with its allocator, behind one shared
-/// [`BufferPool`]. Arrays refer to elements by name in their metadata, so an array
-/// written by one compute element can be opened by another whose store names the
-/// same memory elements (over whatever transports reach them there).
+/// A [`BufferPool`] and the [`MemoryElements`] it caches: where arrays are placed,
+/// allocated and read through. Arrays refer to elements by name in their metadata, so
+/// an array written by one compute element can be opened by another whose registry
+/// names the same memory elements (over whatever transports reach them there).
+///
+/// The store keeps no elements of its own: register them with
+/// [`RemoteStore::elements`] (the pool's registry), and allocate, free and hand on
+/// allocation state there.
 ///
 /// `Send + Sync`; arrays hold it in an `Arc`.
 #[derive(Debug)]
 pub struct RemoteStore {
     pool: Arc<BufferPool>,
-    elements: RwLock<Vec<Arc<Element>>>,
-    align: u64,
 }
 
-/// One resolved memory element: its name and pool transport.
+/// One resolved memory element: its name, id and size.
 #[derive(Debug, Clone)]
 pub(crate) struct ElementRef {
     pub name: Arc<str>,
-    pub id: TransportId,
+    pub id: ElementId,
     pub size: u64,
 }
 
 impl RemoteStore {
-    /// A store with no elements over `pool`, aligning allocations to 4 KiB.
+    /// A store over `pool` and the memory elements it caches
+    /// ([`BufferPool::elements`]).
     pub fn new(pool: Arc<BufferPool>) -> Self {
-        Self::with_alignment(pool, DEFAULT_ALIGN)
-    }
-
-    /// A store whose allocations are aligned to `align` bytes (rounded up to a power
-    /// of two, at least 8).
-    pub fn with_alignment(pool: Arc<BufferPool>, align: u64) -> Self {
-        RemoteStore {
-            pool,
-            elements: RwLock::new(Vec::new()),
-            align: align
-                .max(8)
-                .checked_next_power_of_two()
-                .unwrap_or(DEFAULT_ALIGN),
-        }
+        RemoteStore { pool }
     }
 
     /// The buffer pool every array of this store reads through.
@@ -65,165 +45,18 @@ impl RemoteStore {
         &self.pool
     }
 
-    /// Registers memory element `name`, reached through `transport`, allocating from
-    /// its whole address space.
-    ///
-    /// # Errors
-    /// [`Error::DuplicateElement`]; transport errors while asking for its size.
-    pub fn add_element(&self, name: &str, transport: Arc<dyn Transport>) -> Result<()> {
-        let size = transport
-            .remote_size()
-            .map_err(|e| Error::transport("size", name, 0, 0, e))?;
-        self.add_element_range(name, transport, 0..size)
-    }
-
-    /// Registers memory element `name`, allocating only from `range` of it (to share
-    /// one element between stores, or to leave room for other data). If the pool
-    /// already has a transport registered under `name` (a pool shared by several
-    /// stores), that transport is used and `transport` is dropped.
-    ///
-    /// # Errors
-    /// [`Error::DuplicateElement`]; [`Error::RemoteRange`] if `range` does not fit the
-    /// element; transport errors while asking for its size.
-    pub fn add_element_range(
-        &self,
-        name: &str,
-        transport: Arc<dyn Transport>,
-        range: std::ops::Range<u64>,
-    ) -> Result<()> {
-        let mut elements = self
-            .elements
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if elements.iter().any(|e| e.name == name) {
-            return Err(Error::DuplicateElement {
-                name: name.to_owned(),
-            });
-        }
-        let alloc = RemoteAllocator::new(name, range.clone(), self.align)?;
-        let id = match self.pool.find_transport(name) {
-            Some(id) => id,
-            None => self.pool.add_transport(name, transport)?,
-        };
-        let size = self.pool.transport_size(id).unwrap_or(0);
-        if range.end > size {
-            return Err(Error::RemoteRange {
-                element: name.to_owned(),
-                addr: range.start,
-                len: range.end - range.start,
-                size,
-            });
-        }
-        elements.push(Arc::new(Element {
-            name: name.to_owned(),
-            id,
-            size,
-            alloc: Mutex::new(alloc),
-        }));
-        Ok(())
-    }
-
-    /// Names of the registered elements, in registration order.
-    pub fn element_names(&self) -> Vec<String> {
-        self.list().iter().map(|e| e.name.clone()).collect()
-    }
-
-    fn list(&self) -> Vec<Arc<Element>> {
-        self.elements
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn find(&self, name: &str) -> Result<Arc<Element>> {
-        let list = self.list();
-        list.iter()
-            .find(|e| e.name == name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownElement {
-                name: name.to_owned(),
-                known: list
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+    /// The memory elements arrays are placed on (the pool's).
+    pub fn elements(&self) -> &Arc<MemoryElements> {
+        self.pool.elements()
     }
 
     pub(crate) fn element(&self, name: &str) -> Result<ElementRef> {
-        let e = self.find(name)?;
+        let e = self.elements().find(name)?;
         Ok(ElementRef {
             name: Arc::from(e.name.as_str()),
             id: e.id,
             size: e.size,
         })
-    }
-
-    /// Allocates `bytes` bytes on element `name` and returns the address.
-    ///
-    /// # Errors
-    /// [`Error::UnknownElement`], [`Error::OutOfRemoteMemory`].
-    pub fn allocate(&self, name: &str, bytes: u64) -> Result<u64> {
-        let e = self.find(name)?;
-        let mut a = e.alloc.lock().unwrap_or_else(PoisonError::into_inner);
-        a.allocate(bytes)
-    }
-
-    /// Gives back a range allocated on element `name`. Cached pages of the range stay
-    /// in the pool until evicted; their contents no longer matter.
-    ///
-    /// # Errors
-    /// [`Error::UnknownElement`], [`Error::BadFree`].
-    pub fn free(&self, name: &str, addr: u64, bytes: u64) -> Result<()> {
-        let e = self.find(name)?;
-        let mut a = e.alloc.lock().unwrap_or_else(PoisonError::into_inner);
-        a.free(addr, bytes)
-    }
-
-    /// A copy of every element's allocator, to hand to the next compute element so it
-    /// allocates where this one stopped.
-    pub fn allocation_state(&self) -> AllocationState {
-        AllocationState {
-            allocators: self
-                .list()
-                .iter()
-                .map(|e| {
-                    e.alloc
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clone()
-                })
-                .collect(),
-        }
-    }
-
-    /// Replaces the allocators of the elements named in `state` by the states an
-    /// earlier compute element handed on. Elements not named keep theirs.
-    ///
-    /// # Errors
-    /// [`Error::UnknownElement`] for an element this store lacks, [`Error::Meta`] for
-    /// an inconsistent state, [`Error::RemoteRange`] for one that exceeds the element.
-    /// Nothing changes on error.
-    pub fn resume_allocation(&self, state: &AllocationState) -> Result<()> {
-        let mut targets = Vec::new();
-        for a in &state.allocators {
-            a.validate()?;
-            let e = self.find(a.element())?;
-            let r = a.range();
-            if r.end > e.size {
-                return Err(Error::RemoteRange {
-                    element: e.name.clone(),
-                    addr: r.start,
-                    len: r.end - r.start,
-                    size: e.size,
-                });
-            }
-            targets.push((e, a.clone()));
-        }
-        for (e, a) in targets {
-            *e.alloc.lock().unwrap_or_else(PoisonError::into_inner) = a;
-        }
-        Ok(())
     }
 
     /// Writes every dirty page of the pool back (see [`BufferPool::flush`]).
@@ -245,8 +78,9 @@ impl RemoteStore {
         if bytes == 0 {
             return Ok(Vec::new());
         }
+        let registry = self.elements();
         let names = if placement.elements.is_empty() {
-            self.element_names()
+            registry.names()
         } else {
             placement.elements.clone()
         };
@@ -278,12 +112,12 @@ impl RemoteStore {
         let mut bases = Vec::with_capacity(elements.len());
         for (k, e) in elements.iter().enumerate() {
             let b = share(k as u64);
-            match self.allocate(&e.name, b) {
+            match registry.allocate(&e.name, b) {
                 Ok(addr) => bases.push((addr, b)),
                 Err(err) => {
                     for (e, (addr, b)) in elements.iter().zip(&bases) {
                         // Best effort: these were just handed out, so freeing works.
-                        let _ = self.free(&e.name, *addr, *b);
+                        let _ = registry.free(&e.name, *addr, *b);
                     }
                     return Err(err);
                 }
@@ -357,8 +191,69 @@ impl Placement {
         self
     }
 
-    /// The elements named (empty: all of the store's).
+    /// The elements named (empty: all of the store's, in registration order).
     pub fn elements(&self) -> &[String] {
         &self.elements
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use scad_core::transport::LocalTransport;
+    use scad_core::Transport;
+
+    use super::*;
+    use crate::RemoteArray;
+
+    #[test]
+    fn a_pool_and_a_store_over_one_registry_see_one_transport_per_name() {
+        let elements = Arc::new(MemoryElements::new());
+        let t: Arc<dyn Transport> = Arc::new(LocalTransport::new(1 << 20).expect("local"));
+        elements.add("mem0", Arc::clone(&t)).expect("add");
+        let pool = Arc::new(
+            BufferPool::builder(1 << 16)
+                .page_size(4096)
+                .elements(Arc::clone(&elements))
+                .build()
+                .expect("pool"),
+        );
+        let store = Arc::new(RemoteStore::new(Arc::clone(&pool)));
+        assert!(Arc::ptr_eq(store.elements(), &elements));
+        assert!(Arc::ptr_eq(
+            &store.elements().transport("mem0").expect("t"),
+            &t
+        ));
+        // A second transport under the same name is refused, whoever asks.
+        let other: Arc<dyn Transport> = Arc::new(LocalTransport::new(1 << 20).expect("local"));
+        assert!(matches!(
+            store.elements().add("mem0", other),
+            Err(Error::DuplicateElement { .. })
+        ));
+        assert_eq!(elements.names(), ["mem0"]);
+
+        // An array placed through the store allocates from the registry and lands in
+        // the one transport, through the pool.
+        let data = ndarray::Array2::from_shape_fn((100, 3), |(i, j)| (i * 3 + j) as u32);
+        let before = elements.allocation_state();
+        let arr = RemoteArray::from_array(&store, &data).expect("array");
+        assert_ne!(elements.allocation_state(), before);
+        arr.flush().expect("flush");
+        let e = &arr.meta().extents[0];
+        let mut raw = vec![0u8; e.bytes as usize];
+        t.read(e.addr, &mut raw).expect("read");
+        assert_eq!(
+            raw,
+            bytemuck::cast_slice::<u32, u8>(data.as_slice().expect("c order"))
+        );
+        // Elements added later are placed on too.
+        elements
+            .add(
+                "mem1",
+                Arc::new(LocalTransport::new(1 << 20).expect("local")),
+            )
+            .expect("add");
+        let arr = RemoteArray::from_array_with(&store, &data, &Placement::on("mem1"))
+            .expect("array on mem1");
+        assert_eq!(arr.materialize().expect("read back"), data);
     }
 }

@@ -128,11 +128,12 @@ fn corrupted_metadata_is_rejected_with_clear_errors() {
 fn allocation_continues_where_the_previous_element_stopped() {
     let env = env(Backend::Tcp, Setup::default());
     let first = RemoteArray::from_array(&env.store, &sample()).unwrap();
-    let handoff = env.store.allocation_state().to_json().unwrap();
+    let handoff = env.store.elements().allocation_state().to_json().unwrap();
     let meta_json = first.meta().to_json().unwrap();
 
     let next = reopen(&env, Setup::default());
-    next.resume_allocation(&AllocationState::from_json(&handoff).unwrap())
+    next.elements()
+        .resume_allocation(&AllocationState::from_json(&handoff).unwrap())
         .unwrap();
     let b = Array3::from_shape_fn((10, 4, 3), |(i, j, k)| (i * 100 + j * 10 + k) as u64);
     let second = RemoteArray::from_array(&next, &b).unwrap();
@@ -178,9 +179,9 @@ fn allocation_that_does_not_fit_names_element_size_and_space_left() {
         other => panic!("{other}"),
     }
     // A striped allocation that fails on its second element gives back the first.
-    let before = env.store.allocation_state();
+    let before = env.store.elements().allocation_state();
     assert!(RemoteArray::<u8, _>::empty(&env.store, (120_000, 1), &Placement::all()).is_err());
-    assert_eq!(env.store.allocation_state(), before);
+    assert_eq!(env.store.elements().allocation_state(), before);
     assert!(matches!(
         RemoteArray::<u8, _>::empty(&env.store, (10, 1), &Placement::on("nope")),
         Err(Error::UnknownElement { .. })

@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use polars::prelude::*;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
-use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_array::MemoryElements;
 use scad_remote_frame::{FrameEnv, FrameMeta, JoinType, RemoteFrame};
 
 #[derive(Parser)]
@@ -53,14 +53,13 @@ enum Step {
 /// A frame environment over the memory servers (element `memI` = server I), with a
 /// 32 MiB local budget.
 fn connect(servers: &[String]) -> Result<FrameEnv> {
-    let pool = Arc::new(BufferPool::builder(1 << 20).build()?);
-    let store = Arc::new(RemoteStore::new(pool));
+    let elements = Arc::new(MemoryElements::new());
     for (i, addr) in servers.iter().enumerate() {
         let t = TcpTransport::connect(addr, TcpOptions::default())
             .with_context(|| format!("connecting to memory server {addr}"))?;
-        store.add_element(&format!("mem{i}"), Arc::new(t))?;
+        elements.add(&format!("mem{i}"), Arc::new(t))?;
     }
-    Ok(FrameEnv::new(store)
+    Ok(FrameEnv::new(elements)
         .with_budget(32 << 20)
         .with_chunk_rows(16 * 1024))
 }

@@ -1,12 +1,13 @@
-//! [`FrameEnv`]: where frames live (a [`RemoteStore`]), the local memory budget the
-//! kernels keep to, and the counters they report ([`KernelStats`]).
+//! [`FrameEnv`]: where frames live (the [`MemoryElements`] a compute element
+//! reaches), the local memory budget the kernels keep to, and the counters they
+//! report ([`KernelStats`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use scad_core::Transport;
-use scad_remote_array::RemoteStore;
+use scad_remote_array::MemoryElements;
 
 use crate::error::{Error, Result};
 
@@ -62,8 +63,10 @@ struct Counters {
     time_ns: AtomicU64,
 }
 
-/// The context frames and kernels run in: the store of memory elements, the local
-/// memory budget, the chunk size and placement of new frames, and counters.
+/// The context frames and kernels run in: the memory elements frames and spill files
+/// live on, the local memory budget, the chunk size and placement of new frames, and
+/// counters. Frames read and write their chunks through the elements' transports
+/// directly, so no buffer pool is needed.
 ///
 /// Cheap to clone (an `Arc` inside); `Send + Sync`.
 #[derive(Debug, Clone)]
@@ -73,47 +76,45 @@ pub struct FrameEnv {
 
 #[derive(Debug)]
 struct EnvInner {
-    store: Arc<RemoteStore>,
+    registry: Arc<MemoryElements>,
     budget: u64,
     chunk_rows: usize,
     elements: Vec<String>,
     next_element: AtomicU64,
     counters: Counters,
-    transports: Mutex<Vec<(String, Arc<dyn Transport>)>>,
 }
 
 impl FrameEnv {
-    /// An environment over `store` with an unlimited budget, chunks of
-    /// [`DEFAULT_CHUNK_ROWS`] rows, and new frames dealt over all of the store's
-    /// elements chunk by chunk.
-    pub fn new(store: Arc<RemoteStore>) -> Self {
-        Self::build(store, u64::MAX, DEFAULT_CHUNK_ROWS, Vec::new())
+    /// An environment over `elements` with an unlimited budget, chunks of
+    /// [`DEFAULT_CHUNK_ROWS`] rows, and new frames dealt over all of the elements
+    /// chunk by chunk.
+    pub fn new(elements: Arc<MemoryElements>) -> Self {
+        Self::build(elements, u64::MAX, DEFAULT_CHUNK_ROWS, Vec::new())
     }
 
     fn build(
-        store: Arc<RemoteStore>,
+        registry: Arc<MemoryElements>,
         budget: u64,
         chunk_rows: usize,
         elements: Vec<String>,
     ) -> Self {
         FrameEnv {
             inner: Arc::new(EnvInner {
-                store,
+                registry,
                 budget,
                 chunk_rows: chunk_rows.max(1),
                 elements,
                 next_element: AtomicU64::new(0),
                 counters: Counters::default(),
-                transports: Mutex::new(Vec::new()),
             }),
         }
     }
 
-    /// The same store and settings with a local memory budget of `bytes` (fresh
+    /// The same elements and settings with a local memory budget of `bytes` (fresh
     /// counters).
     pub fn with_budget(&self, bytes: u64) -> Self {
         Self::build(
-            self.inner.store.clone(),
+            Arc::clone(&self.inner.registry),
             bytes.max(1),
             self.inner.chunk_rows,
             self.inner.elements.clone(),
@@ -123,7 +124,7 @@ impl FrameEnv {
     /// The same with `rows` rows per stored chunk (fresh counters).
     pub fn with_chunk_rows(&self, rows: usize) -> Self {
         Self::build(
-            self.inner.store.clone(),
+            Arc::clone(&self.inner.registry),
             self.inner.budget,
             rows,
             self.inner.elements.clone(),
@@ -137,16 +138,17 @@ impl FrameEnv {
         S: Into<String>,
     {
         Self::build(
-            self.inner.store.clone(),
+            Arc::clone(&self.inner.registry),
             self.inner.budget,
             self.inner.chunk_rows,
             names.into_iter().map(Into::into).collect(),
         )
     }
 
-    /// The store.
-    pub fn store(&self) -> &Arc<RemoteStore> {
-        &self.inner.store
+    /// The memory elements frames live on: where they allocate, free and hand on
+    /// allocation state.
+    pub fn elements(&self) -> &Arc<MemoryElements> {
+        &self.inner.registry
     }
 
     /// The local memory budget in bytes (`u64::MAX`: unlimited).
@@ -239,13 +241,13 @@ impl FrameEnv {
     /// The element the next chunk of a new frame goes to (round-robin).
     pub(crate) fn next_element(&self) -> Result<String> {
         let names = if self.inner.elements.is_empty() {
-            self.inner.store.element_names()
+            self.inner.registry.names()
         } else {
             self.inner.elements.clone()
         };
         if names.is_empty() {
             return Err(Error::InvalidArgument(
-                "the store has no memory elements to place a frame on".into(),
+                "the environment has no memory elements to place a frame on".into(),
             ));
         }
         let k = self.inner.next_element.fetch_add(1, Ordering::Relaxed) as usize;
@@ -259,9 +261,10 @@ impl FrameEnv {
     /// list below that point, so prefer handing on the allocation state when there is one.
     ///
     /// # Errors
-    /// [`Error::Array`] for an element the store lacks or a frame beyond its range.
+    /// [`Error::Array`] for an element the environment lacks or a frame beyond its
+    /// range.
     pub fn reserve_frames(&self, metas: &[&crate::meta::FrameMeta]) -> Result<()> {
-        let state = self.inner.store.allocation_state();
+        let state = self.inner.registry.allocation_state();
         let mut next = scad_remote_array::AllocationState::default();
         for a in &state.allocators {
             let end = metas
@@ -283,32 +286,13 @@ impl FrameEnv {
             fresh.allocate(end.saturating_sub(range.start))?;
             next.allocators.push(fresh);
         }
-        self.inner.store.resume_allocation(&next)?;
+        self.inner.registry.resume_allocation(&next)?;
         Ok(())
     }
 
-    /// The transport of element `name` (cached).
+    /// The transport of element `name`.
     pub(crate) fn transport(&self, name: &str) -> Result<Arc<dyn Transport>> {
-        let mut cache = self
-            .inner
-            .transports
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, t)) = cache.iter().find(|(n, _)| n == name) {
-            return Ok(t.clone());
-        }
-        let pool = self.inner.store.pool();
-        let t = pool
-            .find_transport(name)
-            .and_then(|id| pool.transport(id))
-            .ok_or_else(|| {
-                Error::from(scad_remote_array::Error::UnknownElement {
-                    name: name.to_owned(),
-                    known: self.inner.store.element_names().join(", "),
-                })
-            })?;
-        cache.push((name.to_owned(), t.clone()));
-        Ok(t)
+        Ok(self.inner.registry.transport(name)?)
     }
 }
 
@@ -359,5 +343,71 @@ impl Drop for Timer {
             .counters
             .time_ns
             .fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use polars::prelude::*;
+    use scad_core::transport::LocalTransport;
+
+    use super::*;
+    use crate::frame::RemoteFrame;
+
+    /// A frame environment needs memory elements and nothing else: no buffer pool,
+    /// no store.
+    #[test]
+    fn a_frame_round_trips_through_elements_without_a_pool() {
+        let elements = Arc::new(MemoryElements::new());
+        for name in ["mem0", "mem1"] {
+            elements
+                .add(name, Arc::new(LocalTransport::new(4 << 20).expect("local")))
+                .expect("add");
+        }
+        let env = FrameEnv::new(Arc::clone(&elements)).with_chunk_rows(3);
+        assert!(Arc::ptr_eq(env.elements(), &elements));
+        let before = elements.allocation_state();
+        let df = df!(
+            "k" => [Some(1i64), None, Some(3), Some(4), Some(5)],
+            "s" => ["a", "bb", "", "dddd", "e"],
+        )
+        .expect("df");
+        let frame = RemoteFrame::from_polars(&env, &df).expect("write");
+        // Two chunks, dealt over both elements, allocated from the registry.
+        let used: Vec<String> = frame
+            .meta()
+            .chunks
+            .iter()
+            .map(|c| c.element.clone())
+            .collect();
+        assert_eq!(used, ["mem0", "mem1"]);
+        assert_ne!(elements.allocation_state(), before);
+        assert!(frame.to_polars().expect("read").equals_missing(&df));
+        // Another environment over the same elements opens it from its metadata.
+        let json = frame.to_json().expect("json");
+        let other = FrameEnv::new(Arc::clone(&elements));
+        let again = RemoteFrame::from_json(&other, &json).expect("open");
+        assert!(again.to_polars().expect("read").equals_missing(&df));
+        frame.free().expect("free");
+        let available = |s: scad_remote_array::AllocationState| -> u64 {
+            s.allocators.iter().map(|a| a.available()).sum()
+        };
+        assert_eq!(available(elements.allocation_state()), available(before));
+    }
+
+    #[test]
+    fn an_unknown_element_names_the_known_ones() {
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add(
+                "mem0",
+                Arc::new(LocalTransport::new(1 << 20).expect("local")),
+            )
+            .expect("add");
+        let env = FrameEnv::new(elements);
+        let err = env.transport("nope").map(drop).unwrap_err();
+        assert!(err.to_string().contains("(known: mem0)"), "{err}");
+        let empty = FrameEnv::new(Arc::new(MemoryElements::new()));
+        assert!(empty.next_element().is_err());
     }
 }

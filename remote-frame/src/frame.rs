@@ -38,18 +38,18 @@ impl RemoteFrame {
         w.finish()
     }
 
-    /// Opens a frame from its metadata, checking it and that the store knows every
+    /// Opens a frame from its metadata, checking it and that the environment knows every
     /// memory element it names.
     ///
     /// # Errors
     /// [`Error::Meta`] for inconsistent metadata; an unknown-element error.
     pub fn open(env: &FrameEnv, meta: FrameMeta) -> Result<Self> {
         meta.validate()?;
-        let known = env.store().element_names();
+        let known = env.elements().names();
         for (k, c) in meta.chunks.iter().enumerate() {
             if !known.contains(&c.element) {
                 return Err(Error::Meta(format!(
-                    "chunk {k} lives on memory element {:?}, which the store does not have (it has: {})",
+                    "chunk {k} lives on memory element {:?}, which the environment does not have (it has: {})",
                     c.element,
                     known.join(", ")
                 )));
@@ -176,14 +176,14 @@ impl RemoteFrame {
         Ok(Batches::new(self.clone(), cols, batch_bytes))
     }
 
-    /// Gives the frame's remote memory back to the store's allocators.
+    /// Gives the frame's remote memory back to the memory elements' allocators.
     ///
     /// # Errors
     /// Allocator errors (a range freed twice).
     pub fn free(self) -> Result<()> {
         for c in &self.meta.chunks {
             if c.bytes > 0 {
-                self.env.store().free(&c.element, c.addr, c.bytes)?;
+                self.env.elements().free(&c.element, c.addr, c.bytes)?;
             }
         }
         Ok(())
@@ -502,7 +502,7 @@ impl FrameWriter {
         }
         let element = self.env.next_element()?;
         let bytes = offset;
-        let addr = self.env.store().allocate(&element, bytes)?;
+        let addr = self.env.elements().allocate(&element, bytes)?;
         let ops: Vec<WriteOp<'_>> = pieces
             .iter()
             .filter(|(_, b)| !b.is_empty())
@@ -514,7 +514,7 @@ impl FrameWriter {
         if !ops.is_empty() {
             let t = self.env.transport(&element)?;
             if let Err(source) = t.write_vectored(&ops) {
-                let _ = self.env.store().free(&element, addr, bytes);
+                let _ = self.env.elements().free(&element, addr, bytes);
                 return Err(Error::Transport {
                     op: "write",
                     element,

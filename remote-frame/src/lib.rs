@@ -39,7 +39,7 @@
 //! typed vectors that become the arrays without another copy; arrays are built
 //! through the checked constructors, so corrupted bytes give an error. Frame data
 //! moves over the transports directly (it is written once and streamed), not through
-//! the store's page cache.
+//! a page cache: a [`FrameEnv`] needs memory elements, no buffer pool.
 //!
 //! ## The budget
 //! [`FrameEnv::with_budget`] sets how many bytes of local memory kernels may hold:
@@ -59,12 +59,12 @@
 //! use std::sync::Arc;
 //! use polars::prelude::*;
 //! use scad_core::transport::LocalTransport;
-//! use scad_remote_array::{BufferPool, RemoteStore};
+//! use scad_remote_array::MemoryElements;
 //! use scad_remote_frame::{FrameEnv, JoinType, RemoteFrame};
 //!
-//! let store = Arc::new(RemoteStore::new(Arc::new(BufferPool::builder(1 << 20).build()?)));
-//! store.add_element("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
-//! let env = FrameEnv::new(store).with_budget(16 << 20);
+//! let elements = Arc::new(MemoryElements::new());
+//! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
+//! let env = FrameEnv::new(elements).with_budget(16 << 20);
 //!
 //! let dates = df!("d_date_sk" => [1i64, 2, 3], "d_year" => [1999i32, 2000, 2000])?;
 //! let sales = df!("ss_sold_date_sk" => [1i64, 2, 2, 3], "ss_price" => [1.0, 2.0, 3.0, 4.0])?;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use polars::prelude::*;
 use scad_core::transport::LocalTransport;
-use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_array::MemoryElements;
 use scad_remote_frame::{FrameEnv, RemoteFrame};
 
 fn replay(dir: &str) -> usize {
@@ -36,14 +36,13 @@ fn replay(dir: &str) -> usize {
 
 /// Metadata of a small real frame on elements named as the harness names them.
 fn real_meta_json() -> String {
-    let pool = BufferPool::builder(1 << 20).build().unwrap();
-    let store = Arc::new(RemoteStore::new(Arc::new(pool)));
+    let elements = Arc::new(MemoryElements::new());
     for name in ["mem0", "mem1"] {
-        store
-            .add_element(name, Arc::new(LocalTransport::new(4 << 20).unwrap()))
+        elements
+            .add(name, Arc::new(LocalTransport::new(4 << 20).unwrap()))
             .unwrap();
     }
-    let env = FrameEnv::new(store).with_chunk_rows(4);
+    let env = FrameEnv::new(elements).with_chunk_rows(4);
     let df = df!(
         "k" => [Some(1i64), None, Some(3), Some(4), Some(5), Some(6)],
         "s" => ["a", "bb", "", "dddd", "e", "ffffff"],

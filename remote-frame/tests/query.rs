@@ -552,7 +552,7 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
     let f = fixture(20_000, 20_000, 1, 1);
     let free_before: u64 = f
         .env
-        .store()
+        .elements()
         .allocation_state()
         .allocators
         .iter()
@@ -579,7 +579,7 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
     assert_eq!(s.spill_bytes_held(), 0);
     let free_after: u64 = f
         .env
-        .store()
+        .elements()
         .allocation_state()
         .allocators
         .iter()
@@ -659,7 +659,7 @@ fn run_by_stages(
 }
 
 fn available(env: &FrameEnv) -> u64 {
-    env.store()
+    env.elements()
         .allocation_state()
         .allocators
         .iter()

@@ -159,12 +159,7 @@ fn corrupted_string_views_give_an_error_not_garbage() {
     let c = &frame.meta().chunks[0];
     let views = c.columns[0].buffers[0];
     // Point the first view's buffer index far away.
-    let t = e
-        .env
-        .store()
-        .pool()
-        .transport(e.env.store().pool().find_transport(&c.element).unwrap())
-        .unwrap();
+    let t = e.env.elements().transport(&c.element).unwrap();
     t.write(c.addr + views.offset + 8, &77u32.to_le_bytes())
         .unwrap();
     let err = frame.to_polars().unwrap_err();

@@ -25,7 +25,9 @@ use rand::{Rng, SeedableRng};
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::Transport;
-use scad_remote_array::{BufferPool, EvictionPolicy, Placement, RemoteArray, RemoteStore};
+use scad_remote_array::{
+    BufferPool, EvictionPolicy, MemoryElements, Placement, RemoteArray, RemoteStore,
+};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -112,9 +114,14 @@ fn store(
     page: usize,
     policy: EvictionPolicy,
 ) -> BoxResult<Arc<RemoteStore>> {
+    let elements = Arc::new(MemoryElements::new());
+    for (i, t) in transports.iter().enumerate() {
+        elements.add(&format!("mem{i}"), Arc::clone(t))?;
+    }
     let mut builder = BufferPool::builder(pool_bytes)
         .page_size(page)
-        .policy(policy);
+        .policy(policy)
+        .elements(elements);
     if let Some(b) = std::env::var("ARRAY_BENCH_BATCH")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -122,11 +129,7 @@ fn store(
         builder = builder.batch_bytes(b);
     }
     let pool = builder.build()?;
-    let store = Arc::new(RemoteStore::new(Arc::new(pool)));
-    for (i, t) in transports.iter().enumerate() {
-        store.add_element(&format!("mem{i}"), Arc::clone(t))?;
-    }
-    Ok(store)
+    Ok(Arc::new(RemoteStore::new(Arc::new(pool))))
 }
 
 /// A matrix of `bytes` bytes of f32 in rows of 1024 values (4 KiB).

@@ -16,7 +16,7 @@ use std::time::Instant;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_core::Transport;
-use scad_remote_array::{BufferPool, EvictionPolicy};
+use scad_remote_array::{BufferPool, EvictionPolicy, MemoryElements};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -31,13 +31,15 @@ fn main() -> BoxResult<()> {
         ServerConfig::default(),
     )?;
     let transport = TcpTransport::connect(&server.local_addr().to_string(), TcpOptions::default())?;
+    let transport: Arc<dyn Transport> = Arc::new(transport);
+    let elements = Arc::new(MemoryElements::new());
+    let id = elements.add("mem", Arc::clone(&transport))?;
     let pool = BufferPool::builder(16 << 20)
         .page_size(64 << 10)
         .policy(EvictionPolicy::Clock)
         .read_ahead(4)
+        .elements(elements)
         .build()?;
-    let transport: Arc<dyn Transport> = Arc::new(transport);
-    let id = pool.add_transport("mem", Arc::clone(&transport))?;
     let n = bytes / 4;
     let data: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
     let mut write_s = Vec::new();

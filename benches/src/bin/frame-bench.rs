@@ -19,7 +19,7 @@ use plotters::prelude::*;
 use polars::prelude::*;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
-use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_array::MemoryElements;
 use scad_remote_frame::{FrameEnv, JoinType, KernelStats, RemoteFrame};
 use serde_json::json;
 
@@ -116,13 +116,12 @@ fn main() -> Result<()> {
     let servers = (0..args.servers)
         .map(|_| MemoryServer::start("127.0.0.1:0", per_server, ServerConfig::default()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let pool = Arc::new(BufferPool::builder(1 << 20).build()?);
-    let store = Arc::new(RemoteStore::new(pool));
+    let elements = Arc::new(MemoryElements::new());
     for (i, s) in servers.iter().enumerate() {
         let t = TcpTransport::connect(&s.local_addr().to_string(), TcpOptions::default())?;
-        store.add_element(&format!("mem{i}"), Arc::new(t))?;
+        elements.add(&format!("mem{i}"), Arc::new(t))?;
     }
-    let base = FrameEnv::new(store);
+    let base = FrameEnv::new(elements);
 
     let pb = ProgressBar::new((args.reps * 4 + 4) as u64);
     pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")?);

@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 use scad_benches::{horizontal_bars, Bar};
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
-use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_array::MemoryElements;
 use scad_remote_frame::{FrameEnv, QuerySession, QueryStats, RemoteFrame};
 use serde_json::json;
 
@@ -180,16 +180,15 @@ fn main() -> Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
     std::fs::create_dir_all(&out_dir)?;
-    let pool = Arc::new(BufferPool::builder(1 << 20).build()?);
-    let store = Arc::new(RemoteStore::new(pool));
+    let elements = Arc::new(MemoryElements::new());
     let mut servers = Vec::new();
     for k in 0..2 {
         let s = MemoryServer::start("127.0.0.1:0", 4 << 30, ServerConfig::default())?;
         let t = TcpTransport::connect(&s.local_addr().to_string(), TcpOptions::default())?;
-        store.add_element(&format!("mem{k}"), Arc::new(t))?;
+        elements.add(&format!("mem{k}"), Arc::new(t))?;
         servers.push(s);
     }
-    let env = FrameEnv::new(store).with_chunk_rows(64 * 1024);
+    let env = FrameEnv::new(elements).with_chunk_rows(64 * 1024);
     let (fact, dim) = tables(args.rows)?;
     let frames = [
         ("fact", RemoteFrame::from_polars(&env, &fact)?),

@@ -19,7 +19,9 @@ use clap::Parser;
 use ndarray::{s, Array1, Array2, Axis, Ix2};
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::Action;
-use scad_remote_array::{ArrayMeta, BufferPool, Placement, RemoteArray, RemoteStore};
+use scad_remote_array::{
+    ArrayMeta, BufferPool, MemoryElements, Placement, RemoteArray, RemoteStore,
+};
 
 /// Compute column means of a remote matrix chunk by chunk.
 #[derive(Debug, Parser)]
@@ -41,16 +43,13 @@ struct Args {
 
 /// An element's store over the memory elements its action names.
 fn store_for(action: &Action, pool_kib: usize) -> Result<Arc<RemoteStore>> {
+    let elements = Arc::new(MemoryElements::from_action(action)?);
     let pool = BufferPool::builder(pool_kib << 10)
         .page_size(64 << 10)
         .read_ahead(4)
+        .elements(elements)
         .build()?;
-    let store = Arc::new(RemoteStore::new(Arc::new(pool)));
-    for name in ["mem0", "mem1"] {
-        let transport = action.endpoint(name)?.transport()?;
-        store.add_element(name, transport)?;
-    }
-    Ok(store)
+    Ok(Arc::new(RemoteStore::new(Arc::new(pool))))
 }
 
 fn main() -> Result<()> {

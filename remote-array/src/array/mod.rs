@@ -47,7 +47,7 @@ struct Ext {
 ///
 /// let pool = Arc::new(BufferPool::builder(1 << 20).page_size(4096).build()?);
 /// let store = Arc::new(RemoteStore::new(pool));
-/// store.add_element("mem0", Arc::new(LocalTransport::new(1 << 20)?))?;
+/// store.elements().add("mem0", Arc::new(LocalTransport::new(1 << 20)?))?;
 ///
 /// let a = array![[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]];
 /// let remote = RemoteArray::from_array(&store, &a)?;
@@ -224,7 +224,7 @@ impl<T: Pod + Send + Sync, D: Dimension> RemoteArray<T, D> {
             }
         }
         for (name, addr, bytes) in per_element {
-            let _ = self.store.free(name, addr, bytes);
+            let _ = self.store.elements().free(name, addr, bytes);
         }
     }
 

@@ -2,7 +2,7 @@
 //! allocation that turn them into a [`BufferPool`].
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex};
 
 use scad_core::RegisteredBuffer;
 
@@ -10,6 +10,7 @@ use super::eviction::{EvictionPolicy, FrameId};
 use super::stats;
 use super::table::{Frame, Inner};
 use super::BufferPool;
+use crate::elements::MemoryElements;
 use crate::error::{Error, Result};
 
 /// Default page size: 64 KiB.
@@ -28,6 +29,7 @@ pub struct BufferPoolBuilder {
     policy: EvictionPolicy,
     read_ahead: usize,
     batch_bytes: usize,
+    elements: Option<Arc<MemoryElements>>,
 }
 
 impl BufferPoolBuilder {
@@ -55,6 +57,15 @@ impl BufferPoolBuilder {
     /// (default 4 MiB, always at most half the pool).
     pub fn batch_bytes(mut self, bytes: usize) -> Self {
         self.batch_bytes = bytes;
+        self
+    }
+
+    /// The memory elements to cache pages of (default: a fresh, empty registry, to be
+    /// filled through [`BufferPool::elements`]). Share one registry between the pool,
+    /// a [`RemoteStore`](crate::RemoteStore) and anything else that reaches the same
+    /// elements, so all of them use one transport per name.
+    pub fn elements(mut self, elements: Arc<MemoryElements>) -> Self {
+        self.elements = Some(elements);
         self
     }
 
@@ -105,7 +116,9 @@ impl BufferPoolBuilder {
             batch_pages,
             inner: Mutex::new(inner),
             changed: Condvar::new(),
-            transports: RwLock::new(Vec::new()),
+            elements: self
+                .elements
+                .unwrap_or_else(|| Arc::new(MemoryElements::new())),
             counters: stats::Counters::default(),
         })
     }
@@ -121,6 +134,7 @@ impl BufferPool {
             policy: EvictionPolicy::default(),
             read_ahead: DEFAULT_READ_AHEAD,
             batch_bytes: DEFAULT_BATCH_BYTES,
+            elements: None,
         }
     }
 }

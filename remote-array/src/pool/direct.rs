@@ -7,7 +7,7 @@ use super::copy::copy_bytes;
 use super::rounds::{Round, Slot, SlotKind};
 use super::stats;
 use super::table::State;
-use super::{BufferPool, PoolRead, TransportId};
+use super::{BufferPool, ElementId, PoolRead};
 use crate::error::{Error, Result};
 
 /// [`BufferPool::read_direct`] populates destinations of at least this many bytes.
@@ -28,7 +28,7 @@ impl BufferPool {
     /// # Errors
     /// As [`BufferPool::read_many`]. On error the contents of `dst` are unspecified and
     /// no page stays pinned.
-    pub fn read_direct(&self, transport: TransportId, addr: u64, dst: &mut [u8]) -> Result<()> {
+    pub fn read_direct(&self, transport: ElementId, addr: u64, dst: &mut [u8]) -> Result<()> {
         let plan = self.plan(std::iter::once((transport, addr, dst.len())))?;
         if plan.pieces.is_empty() {
             return Ok(());

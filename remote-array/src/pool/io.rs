@@ -9,7 +9,7 @@ use super::eviction::FrameId;
 use super::pages::page_len;
 use super::stats;
 use super::table::{Dirty, PageKey};
-use super::{BufferPool, Entry, TransportId};
+use super::{BufferPool, ElementId, Entry};
 use crate::error::{Error, Result};
 
 impl BufferPool {
@@ -19,7 +19,7 @@ impl BufferPool {
         &self,
         entries: &[Arc<Entry>],
         pages: &[(FrameId, PageKey)],
-    ) -> (Vec<TransportId>, Option<Error>) {
+    ) -> (Vec<ElementId>, Option<Error>) {
         let groups = group_by_transport(pages.iter().map(|&(f, key)| {
             let len = page_len(key.page, self.page_size, entries[key.t.index()].size);
             (
@@ -59,7 +59,7 @@ impl BufferPool {
         &self,
         entries: &[Arc<Entry>],
         dirty: &[Dirty],
-    ) -> (Vec<TransportId>, Option<Error>) {
+    ) -> (Vec<ElementId>, Option<Error>) {
         let groups = group_by_transport(dirty.iter().map(|d| {
             let lo = d.span.lo as usize;
             (
@@ -99,11 +99,11 @@ impl BufferPool {
     fn run_groups(
         &self,
         entries: &[Arc<Entry>],
-        groups: Vec<(TransportId, Vec<Item>)>,
+        groups: Vec<(ElementId, Vec<Item>)>,
         what: &'static str,
         op: impl Fn(&Entry, &[Item]) -> std::result::Result<(), GroupError> + Sync,
-    ) -> (Vec<TransportId>, Option<Error>) {
-        let run = |(t, items): &(TransportId, Vec<Item>)| -> Result<()> {
+    ) -> (Vec<ElementId>, Option<Error>) {
+        let run = |(t, items): &(ElementId, Vec<Item>)| -> Result<()> {
             let entry = &entries[t.index()];
             op(entry, items).map_err(|e| match e {
                 GroupError::Pool(e) => e,
@@ -172,9 +172,9 @@ impl From<scad_core::Error> for GroupError {
 
 /// Groups transfers by transport, each group sorted by remote address.
 fn group_by_transport(
-    items: impl Iterator<Item = (TransportId, u64, usize, usize)>,
-) -> Vec<(TransportId, Vec<Item>)> {
-    let mut groups: Vec<(TransportId, Vec<Item>)> = Vec::new();
+    items: impl Iterator<Item = (ElementId, u64, usize, usize)>,
+) -> Vec<(ElementId, Vec<Item>)> {
+    let mut groups: Vec<(ElementId, Vec<Item>)> = Vec::new();
     for (t, addr, off, len) in items {
         match groups.iter_mut().find(|g| g.0 == t) {
             Some(g) => g.1.push((addr, off, len)),

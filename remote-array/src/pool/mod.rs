@@ -1,9 +1,10 @@
-//! [`BufferPool`]: a page cache in front of one or more transports.
+//! [`BufferPool`]: a page cache in front of the memory elements of a
+//! [`MemoryElements`] registry.
 //!
 //! # Layout
 //! The pool owns one [`RegisteredBuffer`] cut into `frames` frames of `page_size`
 //! bytes. Remote memory is cut into pages the same way; a page is named by
-//! (transport, page number) and lives in at most one frame. A page table maps page
+//! (element id, page number) and lives in at most one frame. A page table maps page
 //! names to frames; each frame has a pin count, a dirty span and a state (free,
 //! loading, valid, failed).
 //!
@@ -65,10 +66,12 @@ mod stats;
 mod table;
 
 use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use scad_core::{RegisteredBuffer, Transport};
+use scad_core::RegisteredBuffer;
 
+pub use crate::elements::ElementId;
+use crate::elements::MemoryElements;
 use crate::error::{Error, Result};
 use eviction::FrameId;
 use pages::Span;
@@ -79,29 +82,11 @@ pub use builder::{BufferPoolBuilder, DEFAULT_BATCH_BYTES, DEFAULT_PAGE_SIZE, DEF
 pub use eviction::EvictionPolicy;
 pub use stats::{PoolStats, PoolUsage};
 
-/// Names a transport registered with one [`BufferPool`] (see
-/// [`BufferPool::add_transport`]). Only meaningful for the pool that returned it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TransportId(u32);
-
-impl TransportId {
-    /// The index of the transport in its pool, in registration order.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-impl fmt::Display for TransportId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
-
 /// One range of a [`BufferPool::read_many`] call: fill `dst` from `addr` of `transport`.
 #[derive(Debug)]
 pub struct PoolRead<'a> {
-    /// Transport to read from.
-    pub transport: TransportId,
+    /// Memory element to read from (its id in the pool's [`MemoryElements`]).
+    pub transport: ElementId,
     /// Remote address.
     pub addr: u64,
     /// Destination; its length is the number of bytes read.
@@ -111,8 +96,8 @@ pub struct PoolRead<'a> {
 /// One range of a [`BufferPool::write_many`] call: store `src` at `addr` of `transport`.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolWrite<'a> {
-    /// Transport to write to.
-    pub transport: TransportId,
+    /// Memory element to write to (its id in the pool's [`MemoryElements`]).
+    pub transport: ElementId,
     /// Remote address.
     pub addr: u64,
     /// Source; its length is the number of bytes written.
@@ -122,37 +107,36 @@ pub struct PoolWrite<'a> {
 /// One remote range, for [`BufferPool::prefetch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolRange {
-    /// Transport the range lives on.
-    pub transport: TransportId,
+    /// Memory element the range lives on.
+    pub transport: ElementId,
     /// Remote address.
     pub addr: u64,
     /// Length in bytes.
     pub len: usize,
 }
 
-/// A registered transport.
-#[derive(Debug)]
-struct Entry {
-    name: String,
-    transport: Arc<dyn Transport>,
-    size: u64,
-}
+/// What the pool knows of a memory element: the registry's entry.
+pub(crate) type Entry = crate::elements::Element;
 
-/// A page cache over one or more transports; see the [module docs](self) for how a
-/// request moves through it and for the concurrency story. `Send + Sync`: share it
-/// with an `Arc`.
+/// A page cache over the memory elements of a [`MemoryElements`] registry; see the
+/// [module docs](self) for how a request moves through it and for the concurrency
+/// story. Pages are keyed by [`ElementId`]; the pool keeps no transports of its own,
+/// so elements registered with the registry after the pool was built are cached too.
+/// `Send + Sync`: share it with an `Arc`.
 ///
 /// # Example
 /// ```
 /// use std::sync::Arc;
 /// use scad_core::transport::LocalTransport;
-/// use scad_remote_array::{BufferPool, EvictionPolicy};
+/// use scad_remote_array::{BufferPool, EvictionPolicy, MemoryElements};
 ///
+/// let elements = Arc::new(MemoryElements::new());
+/// let mem = elements.add("mem0", Arc::new(LocalTransport::new(1 << 22)?))?;
 /// let pool = BufferPool::builder(1 << 20)
 ///     .page_size(4096)
 ///     .policy(EvictionPolicy::Lru)
+///     .elements(elements)
 ///     .build()?;
-/// let mem = pool.add_transport("mem0", Arc::new(LocalTransport::new(1 << 22)?))?;
 /// pool.write(mem, 10_000, b"cached")?;
 /// let mut back = [0u8; 6];
 /// pool.read(mem, 10_000, &mut back)?;
@@ -170,7 +154,7 @@ pub struct BufferPool {
     batch_pages: usize,
     inner: Mutex<Inner>,
     changed: Condvar,
-    transports: RwLock<Vec<Arc<Entry>>>,
+    elements: Arc<MemoryElements>,
     counters: stats::Counters,
 }
 
@@ -201,62 +185,9 @@ impl fmt::Display for BufferPool {
 }
 
 impl BufferPool {
-    /// Registers a transport under `name` (used in error messages and by
-    /// [`BufferPool::find_transport`]) and returns its id. Asks the transport for its
-    /// remote size once, so requests can be checked locally.
-    ///
-    /// # Errors
-    /// [`Error::DuplicateElement`] if the name is taken; [`Error::Transport`] or
-    /// [`Error::Timeout`] if the size cannot be had.
-    pub fn add_transport(&self, name: &str, transport: Arc<dyn Transport>) -> Result<TransportId> {
-        let size = transport
-            .remote_size()
-            .map_err(|e| Error::transport("size", name, 0, 0, e))?;
-        let mut list = self
-            .transports
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if list.iter().any(|e| e.name == name) {
-            return Err(Error::DuplicateElement {
-                name: name.to_owned(),
-            });
-        }
-        let id = TransportId(list.len() as u32);
-        list.push(Arc::new(Entry {
-            name: name.to_owned(),
-            transport,
-            size,
-        }));
-        self.lock().seq.push(u64::MAX);
-        Ok(id)
-    }
-
-    /// The id of the transport registered as `name`.
-    pub fn find_transport(&self, name: &str) -> Option<TransportId> {
-        self.entries()
-            .iter()
-            .position(|e| e.name == name)
-            .map(|i| TransportId(i as u32))
-    }
-
-    /// The transport registered as `id`.
-    pub fn transport(&self, id: TransportId) -> Option<Arc<dyn Transport>> {
-        self.entry(id).map(|e| Arc::clone(&e.transport))
-    }
-
-    /// The name `id` was registered under.
-    pub fn transport_name(&self, id: TransportId) -> Option<String> {
-        self.entry(id).map(|e| e.name.clone())
-    }
-
-    /// The remote size of transport `id`, as it was when registered.
-    pub fn transport_size(&self, id: TransportId) -> Option<u64> {
-        self.entry(id).map(|e| e.size)
-    }
-
-    /// Names of the registered transports, in id order.
-    pub fn transport_names(&self) -> Vec<String> {
-        self.entries().iter().map(|e| e.name.clone()).collect()
+    /// The memory elements the pool caches pages of.
+    pub fn elements(&self) -> &Arc<MemoryElements> {
+        &self.elements
     }
 
     /// Page size in bytes.
@@ -314,7 +245,7 @@ impl BufferPool {
     ///
     /// # Errors
     /// As [`BufferPool::read_many`].
-    pub fn read(&self, transport: TransportId, addr: u64, dst: &mut [u8]) -> Result<()> {
+    pub fn read(&self, transport: ElementId, addr: u64, dst: &mut [u8]) -> Result<()> {
         self.read_many(&mut [PoolRead {
             transport,
             addr,
@@ -327,7 +258,7 @@ impl BufferPool {
     ///
     /// # Errors
     /// As [`BufferPool::write_many`].
-    pub fn write(&self, transport: TransportId, addr: u64, src: &[u8]) -> Result<()> {
+    pub fn write(&self, transport: ElementId, addr: u64, src: &[u8]) -> Result<()> {
         self.write_many(&[PoolWrite {
             transport,
             addr,
@@ -486,7 +417,7 @@ impl BufferPool {
     ///
     /// # Errors
     /// As [`BufferPool::flush`]; nothing is forgotten if the write-back fails.
-    pub fn invalidate(&self, transport: TransportId) -> Result<()> {
+    pub fn invalidate(&self, transport: ElementId) -> Result<()> {
         self.flush()?;
         let mut inner = self.lock();
         let Inner {
@@ -516,18 +447,7 @@ impl BufferPool {
     }
 
     fn entries(&self) -> Vec<Arc<Entry>> {
-        self.transports
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn entry(&self, id: TransportId) -> Option<Arc<Entry>> {
-        self.transports
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(id.index())
-            .cloned()
+        self.elements.list()
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::pages::{page_len, split};
 use super::table::PageKey;
-use super::{BufferPool, Entry, TransportId};
+use super::{BufferPool, ElementId, Entry};
 use crate::error::{Error, Result};
 
 /// One piece of a request: the part of one range that falls in one page.
@@ -25,21 +25,23 @@ pub(super) struct Plan {
     pub(super) pieces: Vec<Piece>,
     pub(super) entries: Vec<Arc<Entry>>,
     /// Per transport touched: (transport, first page, last page).
-    pub(super) spans: Vec<(TransportId, u64, u64)>,
+    pub(super) spans: Vec<(ElementId, u64, u64)>,
 }
 
 impl BufferPool {
     /// Cuts a request into page pieces, checking every range first.
     pub(super) fn plan(
         &self,
-        ranges: impl Iterator<Item = (TransportId, u64, usize)>,
+        ranges: impl Iterator<Item = (ElementId, u64, usize)>,
     ) -> Result<Plan> {
         let entries = self.entries();
         let mut pieces = Vec::new();
-        let mut spans: Vec<(TransportId, u64, u64)> = Vec::new();
+        let mut spans: Vec<(ElementId, u64, u64)> = Vec::new();
         for (seg, (t, addr, len)) in ranges.enumerate() {
             let e = entries.get(t.index()).ok_or_else(|| {
-                Error::InvalidArgument(format!("transport {t} is not registered with this pool"))
+                Error::InvalidArgument(format!(
+                    "memory element {t} is not registered with this pool's elements"
+                ))
             })?;
             match addr.checked_add(len as u64) {
                 Some(end) if end <= e.size => {}

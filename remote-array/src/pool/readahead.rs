@@ -58,6 +58,10 @@ impl BufferPool {
         ahead: &mut Vec<(FrameId, PageKey)>,
     ) {
         for &(t, first, last) in &plan.spans {
+            if inner.seq.len() <= t.index() {
+                // An element registered since the pool last saw one: no stream yet.
+                inner.seq.resize(t.index() + 1, u64::MAX);
+            }
             let seq = std::mem::replace(&mut inner.seq[t.index()], last + 1);
             let sequential = seq != u64::MAX && (first == seq || first + 1 == seq);
             if !(any_miss && sequential && self.read_ahead > 0) {

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use super::eviction::{Eviction, FrameId};
 use super::pages::Span;
 use super::stats;
-use super::{BufferPool, TransportId};
+use super::{BufferPool, ElementId};
 
 /// A page's name: (transport, page number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct PageKey {
-    pub(super) t: TransportId,
+    pub(super) t: ElementId,
     pub(super) page: u64,
 }
 
@@ -46,7 +46,8 @@ pub(super) struct Inner {
     pub(super) table: HashMap<PageKey, FrameId>,
     pub(super) free: Vec<FrameId>,
     pub(super) policy: Box<dyn Eviction>,
-    /// Per transport: the page after the last page the last read touched.
+    /// Per element id: the page after the last page the last read touched (grown
+    /// when a request names an element registered since).
     pub(super) seq: Vec<u64>,
 }
 

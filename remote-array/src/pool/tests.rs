@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use scad_core::transport::LocalTransport;
-use scad_core::{ReadOp, TransportStats};
+use scad_core::{ReadOp, Transport, TransportStats};
 
 use super::*;
 
@@ -104,7 +104,7 @@ fn misses_of_one_request_are_fetched_in_one_call() {
     let local = Arc::new(LocalTransport::new(1 << 20).unwrap());
     let data = pattern(10_000, 3);
     local.write(500, &data).unwrap();
-    let t = p.add_transport("m", local.clone()).unwrap();
+    let t = p.elements().add("m", local.clone()).unwrap();
     let before = local.stats();
     let mut back = vec![0u8; data.len()];
     p.read(t, 500, &mut back).unwrap();
@@ -124,7 +124,7 @@ fn eviction_writes_dirty_pages_back() {
     for policy in [EvictionPolicy::Clock, EvictionPolicy::Lru] {
         let p = pool(4 * 256, 256, policy);
         let local = Arc::new(LocalTransport::new(64 * 1024).unwrap());
-        let t = p.add_transport("m", local.clone()).unwrap();
+        let t = p.elements().add("m", local.clone()).unwrap();
         let data = pattern(16 * 256 + 77, 9);
         p.write(t, 100, &data).unwrap();
         let s = p.stats();
@@ -148,7 +148,7 @@ fn eviction_writes_dirty_pages_back() {
 fn only_the_dirty_span_is_written_back() {
     let p = pool(2 * 256, 256, EvictionPolicy::Lru);
     let local = Arc::new(LocalTransport::new(4096).unwrap());
-    let t = p.add_transport("m", local.clone()).unwrap();
+    let t = p.elements().add("m", local.clone()).unwrap();
     p.read(t, 0, &mut [0u8; 256]).unwrap();
     // Someone else changes byte 200 of page 0 behind the pool's back.
     local.write(200, &[7]).unwrap();
@@ -170,7 +170,7 @@ fn request_larger_than_pool_streams() {
     let local = Arc::new(LocalTransport::new(1 << 20).unwrap());
     let data = pattern(200_000, 1);
     local.write(0, &data).unwrap();
-    let t = p.add_transport("m", local).unwrap();
+    let t = p.elements().add("m", local).unwrap();
     let mut back = vec![0u8; data.len()];
     p.read(t, 0, &mut back).unwrap();
     assert_eq!(back, data);
@@ -183,7 +183,7 @@ fn a_single_frame_is_enough() {
     for policy in [EvictionPolicy::Clock, EvictionPolicy::Lru] {
         let p = pool(256, 256, policy);
         let local = Arc::new(LocalTransport::new(1 << 16).unwrap());
-        let t = p.add_transport("m", local).unwrap();
+        let t = p.elements().add("m", local).unwrap();
         let data = pattern(5000, 2);
         p.write(t, 33, &data).unwrap();
         let mut back = vec![0u8; data.len()];
@@ -200,10 +200,11 @@ fn several_transports_in_one_request() {
     let b = Arc::new(LocalTransport::new(1 << 16).unwrap());
     a.write(0, &pattern(5000, 1)).unwrap();
     b.write(0, &pattern(5000, 2)).unwrap();
-    let ta = p.add_transport("a", a).unwrap();
-    let tb = p.add_transport("b", b).unwrap();
+    let ta = p.elements().add("a", a).unwrap();
+    let tb = p.elements().add("b", b).unwrap();
     assert!(matches!(
-        p.add_transport("a", Arc::new(LocalTransport::new(1).unwrap())),
+        p.elements()
+            .add("a", Arc::new(LocalTransport::new(1).unwrap())),
         Err(Error::DuplicateElement { .. })
     ));
     let (mut x, mut y) = (vec![0u8; 5000], vec![0u8; 5000]);
@@ -222,15 +223,16 @@ fn several_transports_in_one_request() {
     .unwrap();
     assert_eq!((x, y), (pattern(5000, 1), pattern(5000, 2)));
     assert_eq!(p.stats().fetch_calls, 2, "one vectored call per transport");
-    assert_eq!(p.find_transport("b"), Some(tb));
-    assert_eq!(p.transport_names(), vec!["a", "b"]);
+    assert_eq!(p.elements().id("b").unwrap(), tb);
+    assert_eq!(p.elements().names(), vec!["a", "b"]);
 }
 
 #[test]
 fn out_of_range_and_unknown_transport() {
     let p = pool(4096, 1024, EvictionPolicy::Clock);
     let t = p
-        .add_transport("m", Arc::new(LocalTransport::new(5000).unwrap()))
+        .elements()
+        .add("m", Arc::new(LocalTransport::new(5000).unwrap()))
         .unwrap();
     let err = p.read(t, 4990, &mut [0u8; 20]).unwrap_err();
     assert!(
@@ -246,7 +248,7 @@ fn out_of_range_and_unknown_transport() {
         "{err}"
     );
     assert!(err.to_string().contains("\"m\""), "{err}");
-    assert!(p.read(TransportId(9), 0, &mut [0u8; 1]).is_err());
+    assert!(p.read(ElementId(9), 0, &mut [0u8; 1]).is_err());
     // The short last page reads fine.
     p.read(t, 4990, &mut [0u8; 10]).unwrap();
 }
@@ -259,7 +261,8 @@ fn sequential_reads_trigger_read_ahead() {
         .build()
         .unwrap();
     let t = p
-        .add_transport("m", Arc::new(LocalTransport::new(1 << 20).unwrap()))
+        .elements()
+        .add("m", Arc::new(LocalTransport::new(1 << 20).unwrap()))
         .unwrap();
     let mut b = [0u8; 1024];
     for page in 0..12u64 {
@@ -275,7 +278,7 @@ fn sequential_reads_trigger_read_ahead() {
 fn failed_fetch_releases_pins_and_keeps_pool_usable() {
     let p = pool(8 * 256, 256, EvictionPolicy::Clock);
     let flaky = Flaky::new(1 << 16);
-    let t = p.add_transport("flaky", flaky.clone()).unwrap();
+    let t = p.elements().add("flaky", flaky.clone()).unwrap();
     flaky.fail_reads.store(true, Ordering::SeqCst);
     let err = p.read(t, 0, &mut vec![0u8; 5000]).unwrap_err();
     assert!(err.is_transport(), "{err}");
@@ -292,7 +295,7 @@ fn failure_in_a_later_round_of_a_streaming_read() {
     // 4 frames, 2-page rounds: a 20-page read runs on the fetch helper thread.
     let p = pool(4 * 256, 256, EvictionPolicy::Clock);
     let flaky = Flaky::new(1 << 16);
-    let t = p.add_transport("flaky", flaky.clone()).unwrap();
+    let t = p.elements().add("flaky", flaky.clone()).unwrap();
     for ok_rounds in [0, 1, 2, 5] {
         flaky.reads_left.store(ok_rounds, Ordering::SeqCst);
         let err = p.read(t, 0, &mut vec![0u8; 20 * 256]).unwrap_err();
@@ -313,7 +316,7 @@ fn failure_in_a_later_round_of_a_streaming_read() {
 fn failed_write_back_loses_nothing() {
     let p = pool(2 * 256, 256, EvictionPolicy::Lru);
     let flaky = Flaky::new(1 << 16);
-    let t = p.add_transport("flaky", flaky.clone()).unwrap();
+    let t = p.elements().add("flaky", flaky.clone()).unwrap();
     let data = pattern(512, 5);
     p.write(t, 0, &data).unwrap(); // fills both frames, dirty
     flaky.fail_writes.store(true, Ordering::SeqCst);
@@ -333,7 +336,7 @@ fn failed_write_back_loses_nothing() {
 fn invalidate_refetches() {
     let p = pool(8 * 256, 256, EvictionPolicy::Clock);
     let local = Arc::new(LocalTransport::new(4096).unwrap());
-    let t = p.add_transport("m", local.clone()).unwrap();
+    let t = p.elements().add("m", local.clone()).unwrap();
     let mut b = [0u8; 4];
     p.read(t, 0, &mut b).unwrap();
     local.write(0, &[9, 9, 9, 9]).unwrap();
@@ -348,7 +351,7 @@ fn invalidate_refetches() {
 fn concurrent_stress_keeps_data_and_pins_consistent() {
     let p = Arc::new(pool(16 * 256, 256, EvictionPolicy::Clock));
     let local = Arc::new(LocalTransport::new(1 << 16).unwrap());
-    let t = p.add_transport("m", local).unwrap();
+    let t = p.elements().add("m", local).unwrap();
     // Each thread owns a disjoint 4 KiB region and checks what it wrote.
     std::thread::scope(|s| {
         for k in 0..4u8 {
@@ -378,7 +381,7 @@ fn read_direct_sees_what_read_sees_and_caches_nothing() {
         .build()
         .unwrap();
     let local = Arc::new(LocalTransport::new(1 << 20).unwrap());
-    let t = pool.add_transport("m", local.clone()).unwrap();
+    let t = pool.elements().add("m", local.clone()).unwrap();
     // Remote memory holds one pattern; the pool holds newer, dirty bytes for a few
     // pages in the middle (partial pages too), not yet written back.
     let old: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
@@ -406,7 +409,7 @@ fn read_direct_sees_what_read_sees_and_caches_nothing() {
         .page_size(4096)
         .build()
         .unwrap();
-    let ft = fresh.add_transport("m", local.clone()).unwrap();
+    let ft = fresh.elements().add("m", local.clone()).unwrap();
     fresh.read_direct(ft, 0, &mut direct).unwrap();
     assert_eq!(fresh.usage().used, 0, "nothing is cached by read_direct");
     assert!(after_direct_usage > 0);
@@ -426,7 +429,7 @@ fn read_direct_fails_cleanly_when_the_transport_fails() {
         .build()
         .unwrap();
     let flaky = Flaky::new(1 << 20);
-    let t = pool.add_transport("f", flaky.clone()).unwrap();
+    let t = pool.elements().add("f", flaky.clone()).unwrap();
     pool.write(t, 0, &[1u8; 5000]).unwrap(); // pinned during the direct read
     flaky.fail_reads.store(true, Ordering::SeqCst);
     let err = pool.read_direct(t, 0, &mut [0u8; 20_000]).unwrap_err();
@@ -450,7 +453,8 @@ fn read_direct_sees_completed_writes_while_other_threads_evict() {
             .unwrap(),
     );
     let t = pool
-        .add_transport("m", Arc::new(LocalTransport::new(4 << 20).unwrap()))
+        .elements()
+        .add("m", Arc::new(LocalTransport::new(4 << 20).unwrap()))
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let evictor = {
@@ -476,4 +480,33 @@ fn read_direct_sees_completed_writes_while_other_threads_evict() {
     stop.store(true, Ordering::SeqCst);
     evictor.join().unwrap();
     assert_eq!(pool.usage().pinned, 0);
+}
+
+#[test]
+fn elements_registered_after_the_pool_are_cached_and_read_ahead() {
+    let elements = Arc::new(MemoryElements::new());
+    let p = BufferPool::builder(64 * 1024)
+        .page_size(1024)
+        .read_ahead(4)
+        .elements(Arc::clone(&elements))
+        .build()
+        .unwrap();
+    assert!(Arc::ptr_eq(p.elements(), &elements));
+    let a = elements
+        .add("a", Arc::new(LocalTransport::new(1 << 16).unwrap()))
+        .unwrap();
+    p.write(a, 0, &pattern(3000, 7)).unwrap();
+    // Registered after the pool was built and after it served requests.
+    let late = Arc::new(LocalTransport::new(1 << 16).unwrap());
+    late.write(0, &pattern(16 * 1024, 9)).unwrap();
+    let b = elements.add("b", late).unwrap();
+    let mut page = [0u8; 1024];
+    for i in 0..4u64 {
+        p.read(b, i * 1024, &mut page).unwrap();
+        assert_eq!(page[..], pattern(16 * 1024, 9)[i as usize * 1024..][..1024]);
+    }
+    assert!(p.stats().read_ahead_pages > 0, "{}", p.stats());
+    let mut back = vec![0u8; 3000];
+    p.read(a, 0, &mut back).unwrap();
+    assert_eq!(back, pattern(3000, 7));
 }

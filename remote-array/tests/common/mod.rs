@@ -8,7 +8,7 @@ use std::time::Duration;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{LocalTransport, TcpOptions, TcpTransport};
 use scad_core::Transport;
-use scad_remote_array::{BufferPool, EvictionPolicy, RemoteStore};
+use scad_remote_array::{BufferPool, EvictionPolicy, MemoryElements, RemoteStore};
 
 /// Which transport the memory elements are reached through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +64,14 @@ pub fn pool(setup: &Setup) -> Arc<BufferPool> {
             .page_size(setup.page)
             .policy(setup.policy)
             .read_ahead(setup.read_ahead)
+            .elements(Arc::new(MemoryElements::with_alignment(64)))
             .build()
             .unwrap(),
     )
 }
 
 pub fn env(backend: Backend, setup: Setup) -> Env {
-    let store = Arc::new(RemoteStore::with_alignment(pool(&setup), 64));
+    let store = Arc::new(RemoteStore::new(pool(&setup)));
     let mut servers = Vec::new();
     for i in 0..setup.elements {
         let t: Arc<dyn Transport> = match backend {
@@ -87,7 +88,7 @@ pub fn env(backend: Backend, setup: Setup) -> Env {
                 Arc::new(t)
             }
         };
-        store.add_element(&format!("mem{i}"), t).unwrap();
+        store.elements().add(&format!("mem{i}"), t).unwrap();
     }
     Env {
         backend,
@@ -104,10 +105,13 @@ pub fn reopen(env: &Env, setup: Setup) -> Arc<RemoteStore> {
         Backend::Tcp,
         "local regions are private to their store"
     );
-    let store = Arc::new(RemoteStore::with_alignment(pool(&setup), 64));
+    let store = Arc::new(RemoteStore::new(pool(&setup)));
     for (i, s) in env.servers.iter().enumerate() {
         let t = TcpTransport::connect(&s.local_addr().to_string(), tcp_options()).unwrap();
-        store.add_element(&format!("mem{i}"), Arc::new(t)).unwrap();
+        store
+            .elements()
+            .add(&format!("mem{i}"), Arc::new(t))
+            .unwrap();
     }
     store
 }

@@ -322,7 +322,7 @@ mod tests {
     use datafusion::physical_plan::displayable;
     use polars::prelude::df;
     use scad_core::transport::LocalTransport;
-    use scad_remote_array::{BufferPool, RemoteStore};
+    use scad_remote_array::MemoryElements;
 
     use super::*;
     use crate::env::FrameEnv;
@@ -332,12 +332,11 @@ mod tests {
     const FACT_ROWS: usize = 20_000;
 
     fn session() -> QuerySession {
-        let pool = Arc::new(BufferPool::builder(1 << 20).build().unwrap());
-        let store = Arc::new(RemoteStore::new(pool));
-        store
-            .add_element("mem0", Arc::new(LocalTransport::new(64 << 20).unwrap()))
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add("mem0", Arc::new(LocalTransport::new(64 << 20).unwrap()))
             .unwrap();
-        let env = FrameEnv::new(store);
+        let env = FrameEnv::new(elements);
         let n = FACT_ROWS as i64;
         let fact = df!(
             "f_a" => (0..n).map(|i| i % 10).collect::<Vec<_>>(),

@@ -9,13 +9,13 @@
 //! use std::sync::Arc;
 //! use polars::prelude::df;
 //! use scad_core::transport::LocalTransport;
-//! use scad_remote_array::{BufferPool, RemoteStore};
+//! use scad_remote_array::MemoryElements;
 //! use scad_remote_frame::query::expr::{col, lit, sum};
 //! use scad_remote_frame::{FrameEnv, QuerySession, RemoteFrame};
 //!
-//! let store = Arc::new(RemoteStore::new(Arc::new(BufferPool::builder(1 << 20).build()?)));
-//! store.add_element("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
-//! let env = FrameEnv::new(store).with_budget(16 << 20);
+//! let elements = Arc::new(MemoryElements::new());
+//! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
+//! let env = FrameEnv::new(elements).with_budget(16 << 20);
 //! let sales = RemoteFrame::from_polars(&env, &df!("item" => [1i64, 2, 2, 3], "qty" => [5i64, 1, 2, 7])?)?;
 //! let session = QuerySession::new(&env)?;
 //! session.register("sales", &sales)?;

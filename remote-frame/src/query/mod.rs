@@ -23,12 +23,12 @@
 //! use std::sync::Arc;
 //! use polars::prelude::*;
 //! use scad_core::transport::LocalTransport;
-//! use scad_remote_array::{BufferPool, RemoteStore};
+//! use scad_remote_array::MemoryElements;
 //! use scad_remote_frame::{FrameEnv, QuerySession, RemoteFrame};
 //!
-//! let store = Arc::new(RemoteStore::new(Arc::new(BufferPool::builder(1 << 20).build()?)));
-//! store.add_element("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
-//! let env = FrameEnv::new(store).with_budget(16 << 20);
+//! let elements = Arc::new(MemoryElements::new());
+//! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
+//! let env = FrameEnv::new(elements).with_budget(16 << 20);
 //! let sales = df!("item" => [1i64, 2, 2, 3], "price" => [1.0, 2.0, 3.0, 4.0])?;
 //! let sales = RemoteFrame::from_polars(&env, &sales)?;
 //!

@@ -108,7 +108,7 @@ impl SpillBlocks {
         let len = data.len() as u64;
         let addr = self
             .env
-            .store()
+            .elements()
             .allocate(&element, len)
             .map_err(|e| self.error("allocating a spill block", e))?;
         let written = self.env.transport(&element).and_then(|t| {
@@ -123,7 +123,7 @@ impl SpillBlocks {
         });
         if let Err(e) = written {
             // The block never became part of the file: give it back now.
-            let _ = self.env.store().free(&element, addr, len);
+            let _ = self.env.elements().free(&element, addr, len);
             return Err(self.error("writing a spill block", e));
         }
         self.counters
@@ -174,7 +174,7 @@ impl Drop for SpillBlocks {
         );
         for b in blocks {
             self.counters.live_bytes.fetch_sub(b.len, Ordering::Relaxed);
-            if let Err(e) = self.env.store().free(&b.element, b.addr, b.len) {
+            if let Err(e) = self.env.elements().free(&b.element, b.addr, b.len) {
                 tracing::warn!(element = %b.element, addr = b.addr, len = b.len, error = %e,
                     "could not free a spill block");
             }
@@ -277,17 +277,16 @@ mod tests {
     use datafusion::execution::spill_file::TempFileFactory;
     use futures::StreamExt;
     use scad_core::transport::LocalTransport;
-    use scad_remote_array::{BufferPool, RemoteStore};
+    use scad_remote_array::MemoryElements;
 
     use super::*;
 
     fn env() -> FrameEnv {
-        let pool = Arc::new(BufferPool::builder(1 << 20).build().unwrap());
-        let store = Arc::new(RemoteStore::new(pool));
-        store
-            .add_element("mem0", Arc::new(LocalTransport::new(16 << 20).unwrap()))
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add("mem0", Arc::new(LocalTransport::new(16 << 20).unwrap()))
             .unwrap();
-        FrameEnv::new(store)
+        FrameEnv::new(elements)
     }
 
     #[test]

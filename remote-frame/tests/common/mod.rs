@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{LocalTransport, TcpOptions, TcpTransport};
 use scad_core::Transport;
-use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_array::MemoryElements;
 use scad_remote_frame::FrameEnv;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +27,7 @@ pub struct Env {
 }
 
 pub fn env(backend: Backend, element_bytes: u64) -> Env {
-    let pool = Arc::new(
-        BufferPool::builder(64 * 1024)
-            .page_size(4096)
-            .build()
-            .unwrap(),
-    );
-    let store = Arc::new(RemoteStore::with_alignment(pool, 64));
+    let elements = Arc::new(MemoryElements::with_alignment(64));
     let mut servers = Vec::new();
     for i in 0..2 {
         let t: Arc<dyn Transport> = match backend {
@@ -54,10 +48,10 @@ pub fn env(backend: Backend, element_bytes: u64) -> Env {
                 Arc::new(t)
             }
         };
-        store.add_element(&format!("mem{i}"), t).unwrap();
+        elements.add(&format!("mem{i}"), t).unwrap();
     }
     Env {
-        env: FrameEnv::new(store),
+        env: FrameEnv::new(elements),
         servers,
     }
 }

@@ -1,6 +1,6 @@
 //! [`Cluster`]: the memory elements queries run over — embedded memory servers,
 //! running `memory_server` processes, shared memory, local memory or Redis — as one
-//! [`RemoteStore`] and the transports to its elements.
+//! [`MemoryElements`] registry under a frame environment.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{LocalTransport, ShmTransport, TcpOptions, TcpTransport};
 use scad_core::Transport;
-use scad_remote_array::{BufferPool, RemoteStore};
+use scad_remote_array::MemoryElements;
 use scad_remote_frame::{FrameEnv, DEFAULT_CHUNK_ROWS};
 
 use super::error::RemoteError;
@@ -59,7 +59,6 @@ impl std::fmt::Display for TransportKind {
 /// Memory elements `mem0`, `mem1`, ... and the environment frames live in.
 pub struct Cluster {
     env: FrameEnv,
-    transports: Vec<(String, Arc<dyn Transport>)>,
     /// Embedded servers, kept alive as long as the cluster.
     servers: Vec<MemoryServer>,
     description: String,
@@ -95,32 +94,24 @@ impl Cluster {
         transports: Vec<Arc<dyn Transport>>,
         description: impl Into<String>,
     ) -> Result<Self, RemoteError> {
-        let pool = BufferPool::builder(1 << 20)
-            .build()
-            .map_err(|source| RemoteError::Alloc {
-                context: "creating the buffer pool".into(),
-                source,
-            })?;
-        let store = Arc::new(RemoteStore::with_alignment(Arc::new(pool), ALIGN));
-        let mut named = Vec::with_capacity(transports.len());
+        let elements = Arc::new(MemoryElements::with_alignment(ALIGN));
         for (i, t) in transports.into_iter().enumerate() {
             let name = format!("mem{i}");
-            store
-                .add_element(&name, t.clone())
+            let what = t.describe();
+            elements
+                .add(&name, t)
                 .map_err(|source| RemoteError::Alloc {
-                    context: format!("registering memory element {name} ({})", t.describe()),
+                    context: format!("registering memory element {name} ({what})"),
                     source,
                 })?;
-            named.push((name, t));
         }
-        if named.is_empty() {
+        if elements.is_empty() {
             return Err(RemoteError::Invalid(
                 "a cluster needs at least one memory element".into(),
             ));
         }
         Ok(Cluster {
-            env: FrameEnv::new(store).with_chunk_rows(DEFAULT_CHUNK_ROWS),
-            transports: named,
+            env: FrameEnv::new(elements).with_chunk_rows(DEFAULT_CHUNK_ROWS),
             servers: Vec::new(),
             description: description.into(),
         })
@@ -243,7 +234,7 @@ impl Cluster {
 
     /// Element names in order.
     pub fn element_names(&self) -> Vec<String> {
-        self.transports.iter().map(|(n, _)| n.clone()).collect()
+        self.env.elements().names()
     }
 
     /// Addresses of the embedded memory servers (empty for other kinds).
@@ -263,17 +254,13 @@ impl Cluster {
     ///
     /// # Errors
     /// [`RemoteError::Invalid`] naming the known elements.
-    pub fn transport(&self, name: &str) -> Result<&Arc<dyn Transport>, RemoteError> {
-        self.transports
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-            .ok_or_else(|| {
-                RemoteError::Invalid(format!(
-                    "memory element {name:?} is not in this cluster (it has {})",
-                    self.element_names().join(", ")
-                ))
-            })
+    pub fn transport(&self, name: &str) -> Result<Arc<dyn Transport>, RemoteError> {
+        self.env.elements().transport(name).map_err(|_| {
+            RemoteError::Invalid(format!(
+                "memory element {name:?} is not in this cluster (it has {})",
+                self.element_names().join(", ")
+            ))
+        })
     }
 }
 

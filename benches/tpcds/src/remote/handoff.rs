@@ -139,7 +139,7 @@ impl Handoff {
             .unwrap_or_else(|| cluster.element_names().swap_remove(0));
         let addr = cluster
             .env()
-            .store()
+            .elements()
             .allocate(&element, SEAL_BYTES)
             .map_err(|source| RemoteError::Alloc {
                 context: format!("allocating the seal of {producer}'s frame on {element}"),
@@ -281,17 +281,17 @@ impl Handoff {
                 context: format!("clearing the seal of {}", self.producer),
                 source,
             })?;
-        let store = cluster.env().store();
+        let elements = cluster.env().elements();
         let alloc = |source| RemoteError::Alloc {
             context: format!("freeing the frame of {}", self.producer),
             source,
         };
-        store
+        elements
             .free(&self.seal.element, self.seal.addr, SEAL_BYTES)
             .map_err(alloc)?;
         for c in &self.frame.chunks {
             if c.bytes > 0 {
-                store
+                elements
                     .free(&c.element, c.addr, c.bytes)
                     .map_err(|source| RemoteError::Alloc {
                         context: format!("freeing the frame of {}", self.producer),
@@ -313,9 +313,9 @@ impl Cluster {
     /// # Errors
     /// [`RemoteError::Alloc`] for an element the cluster lacks or a range beyond it.
     pub fn reserve_past(&self, handoffs: &[&Handoff]) -> Result<(), RemoteError> {
-        let store = self.env().store();
+        let elements = self.env().elements();
         let mut next = AllocationState::default();
-        for a in &store.allocation_state().allocators {
+        for a in &elements.allocation_state().allocators {
             let end = handoffs
                 .iter()
                 .flat_map(|h| {
@@ -349,7 +349,7 @@ impl Cluster {
                 })?;
             next.allocators.push(fresh);
         }
-        store
+        elements
             .resume_allocation(&next)
             .map_err(|source| RemoteError::Alloc {
                 context: "resuming allocation past the handed-on frames".into(),
