@@ -453,8 +453,7 @@ fn a_join_chain_joins_its_filtered_relation_first() {
     let plan = s.explain(sql).unwrap();
     let deepest = plan
         .lines()
-        .filter(|l| l.contains("HashJoinExec"))
-        .last()
+        .rfind(|l| l.contains("HashJoinExec"))
         .unwrap_or_else(|| panic!("no hash join in {plan}"));
     let keys = deepest
         .split("on=[")
