@@ -806,7 +806,13 @@ fn partitioned_spilling_joins_over_two_partitions_match() {
         assert!(plan.contains("mode=Partitioned"), "{plan}");
         let got = s.sql(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
         assert!(got.stats().spill_files > 0, "{sql}: nothing spilled");
-        assert!(got.stats().peak_local_bytes <= got.stats().budget, "{sql}");
+        assert!(
+            got.stats().peak_local_bytes <= got.stats().budget,
+            "{sql}: peak {} over budget {}\n{}",
+            got.stats().peak_local_bytes,
+            got.stats().budget,
+            got.explain_analyze()
+        );
         let want = unlimited.sql(sql).unwrap();
         assert_same(&got.to_polars().unwrap(), &want.to_polars().unwrap(), sql);
     }

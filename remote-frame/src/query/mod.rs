@@ -50,6 +50,7 @@ mod join_order;
 mod lazy;
 mod leaf;
 mod numeric;
+mod peak;
 mod scan;
 mod spill;
 mod stage;
@@ -67,7 +68,7 @@ use arrow_schema::SchemaRef;
 use datafusion::common::DataFusionError;
 use datafusion::execution::disk_manager::DiskManagerBuilder;
 use datafusion::execution::memory_pool::{
-    GreedyMemoryPool, MemoryPool, PeakRecordingPool, TrackConsumersPool, UnboundedMemoryPool,
+    GreedyMemoryPool, MemoryPool, TrackConsumersPool, UnboundedMemoryPool,
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionStateBuilder;
@@ -83,6 +84,7 @@ use crate::error::{Error, Result};
 use crate::frame::RemoteFrame;
 use crate::interop;
 pub use lazy::{expr, LazyQuery};
+use peak::PeakPool;
 use scan::RemoteTable;
 use spill::{RemoteSpillFactory, SpillCounters};
 pub use stage::{Stage, StageOutput, StagePlan};
@@ -95,7 +97,7 @@ pub struct QuerySession {
     env: FrameEnv,
     ctx: SessionContext,
     runtime: tokio::runtime::Runtime,
-    pool: Arc<PeakRecordingPool>,
+    pool: Arc<PeakPool>,
     spill: Arc<SpillCounters>,
     tables: Mutex<BTreeMap<String, RemoteFrame>>,
     running: Mutex<()>,
@@ -263,7 +265,7 @@ impl QuerySession {
                 top,
             ))
         };
-        let pool = Arc::new(PeakRecordingPool::new(inner));
+        let pool = Arc::new(PeakPool::new(inner));
         let spill = Arc::new(SpillCounters::default());
         let factory = Arc::new(RemoteSpillFactory::new(env.clone(), spill.clone()));
         let runtime_env = RuntimeEnvBuilder::new()
