@@ -279,3 +279,27 @@ fn chunks_keep_the_min_and_max_of_each_column() {
     let without_nan = |d: DataFrame| d.drop("price").unwrap();
     assert!(without_nan(again.to_polars().unwrap()).equals_missing(&without_nan(df)));
 }
+
+#[test]
+fn float_bounds_read_back_exactly() {
+    let e = env(Backend::Local, 4 << 20);
+    let env = e.env.with_chunk_rows(7);
+    // Doubles whose shortest decimal form the default JSON parser reads back one
+    // ulp off (a bound one ulp below the maximum would skip the chunk holding it).
+    let x: Vec<f64> = (1..200)
+        .map(|i| 1.0 / f64::from(i) + f64::from(i) * 1e-17 + 0.1)
+        .collect();
+    let df = df!("x" => &x).unwrap();
+    let frame = RemoteFrame::from_polars(&env, &df).unwrap();
+    let json = frame.to_json().unwrap();
+    let back = FrameMeta::from_json(&json).unwrap();
+    assert_eq!(&back, frame.meta());
+    assert_eq!(back.to_json().unwrap(), frame.meta().to_json().unwrap());
+    for (chunk, rows) in back.chunks.iter().zip(x.chunks(7)) {
+        let Some(stats) = &chunk.columns[0].stats else {
+            panic!("no bounds for a float chunk");
+        };
+        let max = rows.iter().copied().fold(f64::MIN, f64::max);
+        assert_eq!(stats.max.as_f64().map(f64::to_bits), Some(max.to_bits()));
+    }
+}
