@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::TaskContext;
@@ -39,6 +39,7 @@ use super::grace::{
     level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec, FANOUT,
     MAX_LEVEL,
 };
+use super::operator::replace_each;
 
 /// Replaces the final phase of DataFusion's hash aggregates by
 /// [`SpillingAggregateExec`] (a physical optimizer rule, added when the session has a
@@ -52,18 +53,10 @@ impl PhysicalOptimizerRule for SpillingAggregates {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(agg) = node.downcast_ref::<AggregateExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            if !wrappable(agg) {
-                return Ok(Transformed::no(node));
-            }
-            let wrapped: Arc<dyn ExecutionPlan> =
-                Arc::new(SpillingAggregateExec::new(Arc::new(agg.clone()), 0));
-            Ok(Transformed::yes(wrapped))
+        replace_each(plan, |agg: &AggregateExec| {
+            Ok(wrappable(agg)
+                .then(|| Arc::new(SpillingAggregateExec::new(Arc::new(agg.clone()), 0)) as _))
         })
-        .map(|t| t.data)
     }
 
     fn name(&self) -> &str {
@@ -173,7 +166,7 @@ impl ExecutionPlan for SpillingAggregateExec {
         )))
     }
 
-    super::leaf::with_new_children_by_replace!();
+    super::operator::with_new_children_by_replace!();
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())

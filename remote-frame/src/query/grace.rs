@@ -169,7 +169,7 @@ impl DisplayAs for OneShotExec {
 }
 
 impl ExecutionPlan for OneShotExec {
-    super::leaf::leaf_plan_methods!("OneShotExec");
+    super::operator::leaf_plan_methods!("OneShotExec");
 
     fn execute(
         &self,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Result as DfResult;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::TaskContext;
@@ -38,6 +38,7 @@ use super::grace::{
     level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec, FANOUT,
     MAX_LEVEL,
 };
+use super::operator::replace_each;
 
 /// Replaces DataFusion's hash joins by [`SpillingHashJoinExec`] (a physical optimizer
 /// rule, added when the session has a budget).
@@ -50,19 +51,15 @@ impl PhysicalOptimizerRule for SpillingJoins {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(join) = node.downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(node));
-            };
+        replace_each(plan, |join: &HashJoinExec| {
             if join.null_aware || !wrappable(join) {
-                return Ok(Transformed::no(node));
+                return Ok(None);
             }
             let copy = join.builder().build()?;
-            let wrapped: Arc<dyn ExecutionPlan> =
-                Arc::new(SpillingHashJoinExec::new(Arc::new(copy), 0));
-            Ok(Transformed::yes(wrapped))
+            Ok(Some(
+                Arc::new(SpillingHashJoinExec::new(Arc::new(copy), 0)) as _
+            ))
         })
-        .map(|t| t.data)
     }
 
     fn name(&self) -> &str {
@@ -154,7 +151,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
         )))
     }
 
-    super::leaf::with_new_children_by_replace!();
+    super::operator::with_new_children_by_replace!();
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())

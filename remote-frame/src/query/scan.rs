@@ -204,7 +204,7 @@ impl DisplayAs for RemoteScanExec {
 }
 
 impl ExecutionPlan for RemoteScanExec {
-    super::leaf::leaf_plan_methods!("RemoteScanExec");
+    super::operator::leaf_plan_methods!("RemoteScanExec");
 
     fn statistics_from_inputs(
         &self,

@@ -506,7 +506,7 @@ impl DisplayAs for StageInputExec {
 }
 
 impl ExecutionPlan for StageInputExec {
-    super::leaf::leaf_plan_methods!("StageInputExec");
+    super::operator::leaf_plan_methods!("StageInputExec");
 
     fn statistics_from_inputs(
         &self,

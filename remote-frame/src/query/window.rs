@@ -21,7 +21,7 @@ use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 use datafusion::arrow::compute::{concat, concat_batches, take_record_batch};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::utils::evaluate_partition_ranges;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
@@ -41,6 +41,8 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use super::operator::replace_each;
+
 /// The most a window reserves before its input runs.
 const WINDOW_FLOOR_CAP: usize = 32 << 20;
 
@@ -55,15 +57,11 @@ impl PhysicalOptimizerRule for PartitionedWindows {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(window) = node.downcast_ref::<WindowAggExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            let wrapped: Arc<dyn ExecutionPlan> =
-                Arc::new(PartitionedWindowExec::new(Arc::new(window.clone()))?);
-            Ok(Transformed::yes(wrapped))
+        replace_each(plan, |window: &WindowAggExec| {
+            Ok(Some(
+                Arc::new(PartitionedWindowExec::new(Arc::new(window.clone()))?) as _,
+            ))
         })
-        .map(|t| t.data)
     }
 
     fn name(&self) -> &str {
@@ -181,7 +179,7 @@ impl ExecutionPlan for PartitionedWindowExec {
         ))?))
     }
 
-    super::leaf::with_new_children_by_replace!();
+    super::operator::with_new_children_by_replace!();
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())

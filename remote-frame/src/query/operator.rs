@@ -1,5 +1,32 @@
-//! The parts every leaf operator of ours (a scan, a stage input, a prepared stream)
-//! implements the same way, and the `with_new_children` all our operators share.
+//! What our operators share: the parts every leaf (a scan, a stage input, a prepared
+//! stream) implements the same way, the `with_new_children` of all of them, and the
+//! physical-optimizer step that swaps one of ours in for each DataFusion operator of
+//! a kind.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::Result as DfResult;
+use datafusion::physical_plan::ExecutionPlan;
+
+/// `plan` with every operator of type `T` for which `replace` gives a replacement
+/// replaced by it (bottom-up, so a replacement's input is already final).
+pub(crate) fn replace_each<T: ExecutionPlan + 'static>(
+    plan: Arc<dyn ExecutionPlan>,
+    replace: impl Fn(&T) -> DfResult<Option<Arc<dyn ExecutionPlan>>>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let replacement = match node.downcast_ref::<T>() {
+            Some(op) => replace(op)?,
+            None => None,
+        };
+        Ok(match replacement {
+            Some(new) => Transformed::yes(new),
+            None => Transformed::no(node),
+        })
+    })
+    .map(|t| t.data)
+}
 
 /// Inside `impl ExecutionPlan for $ty`: `name`, `properties` (from a `properties`
 /// field), `children` (none), `apply_expressions` (none), and `replace_children` /
@@ -44,7 +71,7 @@ macro_rules! leaf_plan_methods {
             }
         }
 
-        $crate::query::leaf::with_new_children_by_replace!();
+        $crate::query::operator::with_new_children_by_replace!();
     };
 }
 
