@@ -1,6 +1,6 @@
 //! Group-bys and distinct rows, by grace hash partitioning when they do not fit.
 
-use polars::prelude::{self as pl, DataFrame, Expr, IntoLazy, PlSmallStr, UniqueKeepStrategy};
+use polars::prelude::{DataFrame, Expr, IntoLazy};
 
 use crate::error::{Error, Result};
 use crate::frame::RemoteFrame;
@@ -20,17 +20,7 @@ impl RemoteFrame {
         let keys = subset.map(names).unwrap_or_else(|| all.clone());
         self.column_indices(&keys)?;
         let k2 = keys.clone();
-        let f = move |df: DataFrame| -> Result<DataFrame> {
-            let sel = pl::cols(
-                k2.iter()
-                    .map(|s| PlSmallStr::from(s.as_str()))
-                    .collect::<Vec<_>>(),
-            );
-            Ok(df
-                .lazy()
-                .unique(Some(sel), UniqueKeepStrategy::Any)
-                .collect()?)
-        };
+        let f = move |df: DataFrame| -> Result<DataFrame> { distinct_on(df, &k2) };
         self.partitioned("distinct", &keys, &all, &f, true)
     }
 

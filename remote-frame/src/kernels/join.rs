@@ -105,16 +105,7 @@ impl Join {
     pub(super) fn read_right(&self, right: &RemoteFrame) -> Result<DataFrame> {
         let df = right.select_columns(&self.rcols)?;
         if self.how.keys_only() {
-            let sel = pl::cols(
-                self.rk
-                    .iter()
-                    .map(|s| PlSmallStr::from(s.as_str()))
-                    .collect::<Vec<_>>(),
-            );
-            Ok(df
-                .lazy()
-                .unique(Some(sel), UniqueKeepStrategy::Any)
-                .collect()?)
+            distinct_on(df, &self.rk)
         } else {
             Ok(df)
         }

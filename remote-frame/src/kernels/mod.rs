@@ -102,6 +102,19 @@ fn parts_for(frame: &RemoteFrame, bytes: u64, need: u64, budget: u64, batch: u64
     wanted.min(batch_rows / 16).clamp(2, MAX_PARTITIONS)
 }
 
+/// One row per distinct value of `keys` (any of its rows).
+fn distinct_on(df: DataFrame, keys: &[String]) -> Result<DataFrame> {
+    let sel = pl::cols(
+        keys.iter()
+            .map(|s| PlSmallStr::from(s.as_str()))
+            .collect::<Vec<_>>(),
+    );
+    Ok(df
+        .lazy()
+        .unique(Some(sel), pl::UniqueKeepStrategy::Any)
+        .collect()?)
+}
+
 fn print_key(df: &DataFrame, keys: &[String]) -> String {
     keys.iter()
         .map(|k| {
