@@ -26,6 +26,8 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use super::owned::owned_batch;
+
 /// Partitions an input is split into when it does not fit.
 pub(crate) const FANOUT: usize = 16;
 
@@ -67,14 +69,20 @@ pub(crate) fn empty_stream(schema: SchemaRef) -> DfResult<SendableRecordBatchStr
     Ok(Box::pin(MemoryStream::try_new(vec![], schema, None)?))
 }
 
-/// The stream of a spill file written by [`spill_partitioned`], or an empty stream
-/// for a partition without rows.
+/// The stream of a spill file written by [`spill_partitioned`] (batches that own
+/// their rows), or an empty stream for a partition without rows.
 pub(crate) fn partition_stream(
     spill: &SpillManager,
     file: Option<Arc<dyn SpillFile>>,
 ) -> DfResult<SendableRecordBatchStream> {
     match file {
-        Some(f) => spill.read_spill_as_stream(f, None),
+        Some(f) => {
+            // Decoded batches point into the remote block they were read in.
+            let stream = spill.read_spill_as_stream(f, None)?;
+            let schema = stream.schema();
+            let owned = stream.map(|b| b.and_then(|b| owned_batch(&b)));
+            Ok(Box::pin(RecordBatchStreamAdapter::new(schema, owned)))
+        }
         None => empty_stream(spill.schema().clone()),
     }
 }

@@ -50,6 +50,7 @@ mod join_order;
 mod lazy;
 mod numeric;
 mod operator;
+mod owned;
 mod peak;
 mod scan;
 mod spill;
@@ -290,8 +291,10 @@ impl QuerySession {
             .with_information_schema(false);
         if budget != u64::MAX {
             // A sort keeps this much back for merging its spilled runs; DataFusion's
-            // default (10 MiB) would be most of a small budget.
-            let reserve = (budget / 64).clamp(16 << 10, 10 << 20) as usize;
+            // default (10 MiB) would be most of a small budget. The merge cannot spill,
+            // and a second sort in the same pipeline (two windows in a row) fills the
+            // pool while it runs: budget/64 was too little for one more batch there.
+            let reserve = (budget / 32).clamp(16 << 10, 10 << 20) as usize;
             config.options_mut().execution.sort_spill_reservation_bytes = reserve;
         }
         // Build sides by estimated cardinality: right after DataFusion's

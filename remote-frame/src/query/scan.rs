@@ -4,8 +4,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_schema::{Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
 use datafusion::catalog::{Session, TableProvider};
@@ -29,6 +29,7 @@ use std::collections::VecDeque;
 
 use futures::StreamExt;
 
+use super::owned::owned_batch;
 use super::stats::ChunkStatistics;
 use crate::frame::RemoteFrame;
 use crate::interop;
@@ -323,7 +324,7 @@ impl ChunkReader {
             let mut start = 0;
             while start < b.num_rows() {
                 let n = self.batch_rows.min(b.num_rows() - start);
-                out.push(compact_views(b.slice(start, n))?);
+                out.push(owned_batch(&b.slice(start, n))?);
                 start += n;
             }
         }
@@ -347,28 +348,6 @@ impl ChunkReader {
             .collect::<DfResult<_>>()?;
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
-}
-
-/// A slice of a string-view column still points into (and is sized as holding) all
-/// of the chunk's string data; operators would reserve budget for all of it, once
-/// per slice. Compacting copies out just the slice's strings.
-fn compact_views(b: RecordBatch) -> DfResult<RecordBatch> {
-    if !b
-        .columns()
-        .iter()
-        .any(|a| matches!(a.data_type(), DataType::Utf8View))
-    {
-        return Ok(b);
-    }
-    let columns: Vec<ArrayRef> = b
-        .columns()
-        .iter()
-        .map(|a| match a.as_any().downcast_ref::<StringViewArray>() {
-            Some(v) => Arc::new(v.gc()) as ArrayRef,
-            None => a.clone(),
-        })
-        .collect();
-    Ok(RecordBatch::try_new(b.schema(), columns)?)
 }
 
 /// The state of one partition's scan stream.

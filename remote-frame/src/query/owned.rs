@@ -1,0 +1,74 @@
+//! Batches that own what they are sized as.
+//!
+//! A slice of an Arrow array keeps (and reports, in `get_array_memory_size` and in
+//! DataFusion's reservations) all of the buffers it points into: a 8,192-row slice of
+//! a 128 Ki-row scanned chunk is sized as the whole chunk, and a batch decoded from a
+//! spill file as the whole remote block it was read in, once per column. Operators
+//! reserving for such batches reserve many times what the rows need, spill early
+//! and split partitions again and again; operators keeping them keep whole chunks
+//! alive. Copying out just the rows makes the size true on both counts.
+
+use std::sync::Arc;
+
+use arrow_array::{make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray};
+use arrow_data::transform::MutableArrayData;
+use datafusion::common::Result as DfResult;
+
+/// `batch` with every column copied into buffers of its own rows.
+pub(crate) fn owned_batch(batch: &RecordBatch) -> DfResult<RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .map(owned_column)
+        .collect::<DfResult<Vec<ArrayRef>>>()?;
+    // A batch without columns (`count(*)` over a scan) still has its rows.
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &options,
+    )?)
+}
+
+fn owned_column(array: &ArrayRef) -> DfResult<ArrayRef> {
+    if let Some(views) = array.as_any().downcast_ref::<StringViewArray>() {
+        // A copy of a view array would still refer to all of its data buffers.
+        return Ok(Arc::new(views.gc()));
+    }
+    let data = array.to_data();
+    let mut copy = MutableArrayData::new(vec![&data], false, array.len());
+    copy.try_extend(0, 0, array.len())?;
+    Ok(make_array(copy.freeze()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+
+    #[test]
+    fn an_owned_slice_is_sized_as_its_rows_and_keeps_its_values() {
+        let n = 100_000;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let keys = Int64Array::from_iter((0..n).map(|i| (i % 7 != 0).then_some(i)));
+        let names = StringArray::from_iter_values((0..n).map(|i| format!("name-{i}")));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(keys), Arc::new(names)]).unwrap();
+        let slice = batch.slice(50_000, 1_000);
+        let owned = owned_batch(&slice).unwrap();
+        assert_eq!(owned, slice);
+        assert!(slice.get_array_memory_size() > 50 * owned.get_array_memory_size());
+        assert!(owned.get_array_memory_size() < 40_000);
+    }
+
+    #[test]
+    fn a_batch_without_columns_keeps_its_row_count() {
+        let options = RecordBatchOptions::new().with_row_count(Some(1_000));
+        let batch =
+            RecordBatch::try_new_with_options(Arc::new(Schema::empty()), vec![], &options).unwrap();
+        assert_eq!(owned_batch(&batch.slice(100, 300)).unwrap().num_rows(), 300);
+    }
+}
