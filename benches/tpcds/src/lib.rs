@@ -28,12 +28,14 @@
 //!   frames between processes;
 //! * [`engine`]: running a query and checking its answer;
 //! * [`stages`]: a query's stages, each run as its own process;
-//! * [`compare`]: comparing answers by value.
+//! * [`compare`]: comparing answers by value;
+//! * [`regress`]: a main-job run compared with a committed baseline, query by query.
 
 pub mod compare;
 pub mod data;
 pub mod engine;
 pub mod error;
+pub mod regress;
 pub mod remote;
 pub mod report;
 pub mod stages;

@@ -271,11 +271,14 @@ impl AggregateRun {
         let level = self.exec.level;
         let exec = Arc::new(self.exec);
         let context = self.context;
+        let batch_rows = context.session_config().batch_size();
         let reservation = Arc::new(reservation);
         let runs =
             futures::stream::iter(files).map(move |file| -> DfResult<SendableRecordBatchStream> {
-                let leaf =
-                    OneShotExec::new(spill.schema().clone(), partition_stream(&spill, file)?);
+                let leaf = OneShotExec::new(
+                    spill.schema().clone(),
+                    partition_stream(&spill, file, batch_rows)?,
+                );
                 let inner = exec.with_input(Arc::new(leaf))?;
                 let plan: Arc<dyn ExecutionPlan> = if level < MAX_LEVEL {
                     Arc::new(SpillingAggregateExec::new(inner, level + 1))

@@ -8,9 +8,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray, UInt32Array};
 use arrow_schema::SchemaRef;
-use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::compute::{take_record_batch, BatchCoalescer};
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -26,10 +26,11 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::owned::owned_batch;
-
-/// Partitions an input is split into when it does not fit.
-pub(crate) const FANOUT: usize = 16;
+/// Partitions a spilling operator splits its input into when it does not fit. A
+/// hybrid join keeps the partitions that fit in memory, so many partitions cost
+/// little; with this many, an input up to this many times the operator's memory
+/// share is partitioned once.
+pub(crate) const FANOUT: usize = 64;
 
 /// Levels of re-partitioning before a partition is handed to the wrapped operator as
 /// is (which may then spill on its own, or fail with the pool's out-of-memory error
@@ -69,22 +70,176 @@ pub(crate) fn empty_stream(schema: SchemaRef) -> DfResult<SendableRecordBatchStr
     Ok(Box::pin(MemoryStream::try_new(vec![], schema, None)?))
 }
 
-/// The stream of a spill file written by [`spill_partitioned`] (batches that own
-/// their rows), or an empty stream for a partition without rows.
+/// The stream of a spill file written by a partitioning (batches that own their
+/// rows, gathered into batches of `batch_rows`), or an empty stream for a partition
+/// without rows.
 pub(crate) fn partition_stream(
     spill: &SpillManager,
     file: Option<Arc<dyn SpillFile>>,
+    batch_rows: usize,
 ) -> DfResult<SendableRecordBatchStream> {
-    match file {
-        Some(f) => {
-            // Decoded batches point into the remote block they were read in.
-            let stream = spill.read_spill_as_stream(f, None)?;
-            let schema = stream.schema();
-            let owned = stream.map(|b| b.and_then(|b| owned_batch(&b)));
-            Ok(Box::pin(RecordBatchStreamAdapter::new(schema, owned)))
+    let Some(file) = file else {
+        return empty_stream(spill.schema().clone());
+    };
+    let stream = spill.read_spill_as_stream(file, None)?;
+    let schema = stream.schema();
+    // Partitioning cuts every input batch into as many pieces as there are
+    // partitions: gathered again, the operator reading them back works on full
+    // batches. Decoded batches point into the remote block they were read in; the
+    // gathering copies their rows out.
+    let gather = BatchCoalescer::new(schema.clone(), batch_rows.max(1));
+    let state = (stream, Some(gather));
+    let gathered = futures::stream::unfold(state, |(mut input, mut gather)| async move {
+        loop {
+            let g = gather.as_mut()?;
+            if let Some(batch) = g.next_completed_batch() {
+                return Some((Ok(batch), (input, gather)));
+            }
+            match input.next().await {
+                Some(Ok(batch)) => {
+                    if let Err(e) = g.push_batch(batch) {
+                        return Some((Err(e.into()), (input, None)));
+                    }
+                }
+                Some(Err(e)) => return Some((Err(e), (input, None))),
+                None => {
+                    let rest = g.finish_buffered_batch().map(|()| g.next_completed_batch());
+                    return match rest {
+                        Ok(Some(batch)) => Some((Ok(batch), (input, None))),
+                        Ok(None) => None,
+                        Err(e) => Some((Err(e.into()), (input, None))),
+                    };
+                }
+            }
         }
-        None => empty_stream(spill.schema().clone()),
+    });
+    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, gathered)))
+}
+
+/// Splits batches by the seeded hash of their key columns.
+pub(crate) struct Partitioner {
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    hasher: RandomState,
+    fanout: usize,
+    hashes: Vec<u64>,
+}
+
+impl Partitioner {
+    pub(crate) fn new(keys: Vec<Arc<dyn PhysicalExpr>>, seed: u64, fanout: usize) -> Self {
+        Partitioner {
+            keys,
+            hasher: RandomState::with_seed(seed),
+            fanout: fanout.max(1),
+            hashes: Vec::new(),
+        }
     }
+
+    pub(crate) fn fanout(&self) -> usize {
+        self.fanout
+    }
+
+    /// The row indices of `batch` in each partition (every row with the same key
+    /// values in the same one).
+    pub(crate) fn indices(&mut self, batch: &RecordBatch) -> DfResult<Vec<Vec<u32>>> {
+        let rows = batch.num_rows();
+        let arrays: Vec<ArrayRef> = self
+            .keys
+            .iter()
+            .map(|k| k.evaluate(batch)?.into_array(rows))
+            .collect::<DfResult<_>>()?;
+        self.hashes.clear();
+        self.hashes.resize(rows, 0u64);
+        create_hashes(&arrays, &self.hasher, &mut self.hashes)?;
+        let mut indices: Vec<Vec<u32>> = vec![Vec::new(); self.fanout];
+        for (row, h) in self.hashes.iter().enumerate() {
+            // The high bits: the wrapped operator's own hash table uses the low ones.
+            let p = ((h >> 40) as usize) % self.fanout;
+            indices[p].push(row as u32);
+        }
+        Ok(indices)
+    }
+
+    /// `batch` split into its non-empty partitions, each piece owning its rows.
+    pub(crate) fn split(&mut self, batch: &RecordBatch) -> DfResult<Vec<(usize, RecordBatch)>> {
+        if batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        self.indices(batch)?
+            .into_iter()
+            .enumerate()
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(p, rows)| Ok((p, take_rows(batch, rows)?)))
+            .collect()
+    }
+}
+
+/// The rows `rows` of `batch`, owning their values (a view array's pieces would
+/// otherwise keep, and be sized and spilled as, all of its data buffers).
+pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DfResult<RecordBatch> {
+    let taken = take_record_batch(batch, &UInt32Array::from(rows))?;
+    let columns = taken
+        .columns()
+        .iter()
+        .map(|c| match c.as_any().downcast_ref::<StringViewArray>() {
+            Some(views) => Arc::new(views.gc()) as ArrayRef,
+            None => c.clone(),
+        })
+        .collect();
+    let options = RecordBatchOptions::new().with_row_count(Some(taken.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        taken.schema(),
+        columns,
+        &options,
+    )?)
+}
+
+/// A spill file being written batch by batch (DataFusion's in-progress spill file,
+/// whose type is not public).
+pub(crate) trait PartitionWriter: Send {
+    fn append(&mut self, batch: &RecordBatch) -> DfResult<()>;
+    fn finish(&mut self) -> DfResult<Option<Arc<dyn SpillFile>>>;
+}
+
+struct InProgress<F> {
+    file: F,
+    append: fn(&mut F, &RecordBatch) -> DfResult<usize>,
+    finish: fn(&mut F) -> DfResult<Option<Arc<dyn SpillFile>>>,
+}
+
+impl<F: Send> PartitionWriter for InProgress<F> {
+    fn append(&mut self, batch: &RecordBatch) -> DfResult<()> {
+        (self.append)(&mut self.file, batch).map(|_| ())
+    }
+
+    fn finish(&mut self) -> DfResult<Option<Arc<dyn SpillFile>>> {
+        (self.finish)(&mut self.file)
+    }
+}
+
+/// A new spill file of `spill`'s schema, described as `what`.
+pub(crate) fn partition_writer(
+    spill: &SpillManager,
+    what: &str,
+) -> DfResult<Box<dyn PartitionWriter>> {
+    Ok(Box::new(InProgress {
+        file: spill.create_in_progress_file(what)?,
+        append: |f, b| f.append_batch(b),
+        finish: |f| f.finish(),
+    }))
+}
+
+/// Finishes every writer: the spill file of each partition (`None` where nothing
+/// was written).
+fn finish_all(
+    writers: Vec<Option<Box<dyn PartitionWriter>>>,
+) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>> {
+    writers
+        .into_iter()
+        .map(|w| match w {
+            Some(mut w) => w.finish(),
+            None => Ok(None),
+        })
+        .collect()
 }
 
 /// Writes the batches of `input` into [`FANOUT`] spill files by the hash (seeded
@@ -100,47 +255,228 @@ pub(crate) async fn spill_partitioned<S>(
 where
     S: futures::Stream<Item = DfResult<RecordBatch>> + Unpin,
 {
-    let hasher = RandomState::with_seed(seed);
-    let mut files: Vec<Option<_>> = (0..FANOUT).map(|_| None).collect();
-    let mut hashes = Vec::new();
+    let mut partitioner = Partitioner::new(keys.to_vec(), seed, FANOUT);
+    let mut writers: Vec<Option<Box<dyn PartitionWriter>>> = (0..FANOUT).map(|_| None).collect();
     while let Some(batch) = input.next().await {
+        for (p, part) in partitioner.split(&batch?)? {
+            let writer = match &mut writers[p] {
+                Some(w) => w,
+                slot => slot.insert(partition_writer(spill, what)?),
+            };
+            writer.append(&part)?;
+        }
+    }
+    finish_all(writers)
+}
+
+/// A build side split by key hash into partitions kept in memory while a
+/// reservation (up to a cap) takes them; when it does not, the largest partition in
+/// memory is written to a spill file and every later row of it follows there (a
+/// hybrid hash join's build phase).
+pub(crate) struct HybridPartitions {
+    partitioner: Partitioner,
+    spill: Arc<SpillManager>,
+    what: String,
+    held: Vec<Vec<RecordBatch>>,
+    held_bytes: Vec<usize>,
+    writers: Vec<Option<Box<dyn PartitionWriter>>>,
+    reservation: MemoryReservation,
+    cap: usize,
+    cost: fn(&RecordBatch) -> usize,
+}
+
+/// The partitions of a [`HybridPartitions`] once its input ended.
+pub(crate) struct PartitionedBuild {
+    /// Rows of the partitions kept in memory, under `reservation`.
+    pub(crate) held: Vec<RecordBatch>,
+    pub(crate) reservation: MemoryReservation,
+    /// Which partitions were spilled.
+    pub(crate) spilled: Vec<bool>,
+    /// The spill file of each spilled partition.
+    pub(crate) files: Vec<Option<Arc<dyn SpillFile>>>,
+}
+
+impl HybridPartitions {
+    /// Partitions by `partitioner`, holding up to `cap` bytes (as `cost` counts
+    /// them) under `reservation` and spilling through `spill` beyond.
+    pub(crate) fn new(
+        partitioner: Partitioner,
+        spill: Arc<SpillManager>,
+        what: &str,
+        reservation: MemoryReservation,
+        cap: usize,
+        cost: fn(&RecordBatch) -> usize,
+    ) -> Self {
+        let fanout = partitioner.fanout();
+        HybridPartitions {
+            partitioner,
+            spill,
+            what: what.to_owned(),
+            held: (0..fanout).map(|_| Vec::new()).collect(),
+            held_bytes: vec![0; fanout],
+            writers: (0..fanout).map(|_| None).collect(),
+            reservation,
+            cap,
+            cost,
+        }
+    }
+
+    /// Adds the rows of `batch` to their partitions.
+    pub(crate) fn push(&mut self, batch: &RecordBatch) -> DfResult<()> {
+        for (p, part) in self.partitioner.split(batch)? {
+            if let Some(writer) = &mut self.writers[p] {
+                writer.append(&part)?;
+                continue;
+            }
+            let need = (self.cost)(&part);
+            loop {
+                if self.reservation.size() + need <= self.cap
+                    && self.reservation.try_grow(need).is_ok()
+                {
+                    self.held[p].push(part);
+                    self.held_bytes[p] += need;
+                    break;
+                }
+                // The largest partition in memory goes to memory elements (this
+                // one if it is the largest, or if no other holds anything).
+                let victim = (0..self.held.len())
+                    .filter(|&q| self.writers[q].is_none())
+                    .max_by_key(|&q| self.held_bytes[q])
+                    .filter(|&q| self.held_bytes[q] > 0)
+                    .unwrap_or(p);
+                self.spill_partition(victim)?;
+                if victim == p {
+                    if let Some(writer) = &mut self.writers[p] {
+                        writer.append(&part)?;
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn spill_partition(&mut self, p: usize) -> DfResult<()> {
+        let mut writer = partition_writer(&self.spill, &self.what)?;
+        for batch in std::mem::take(&mut self.held[p]) {
+            writer.append(&batch)?;
+        }
+        self.reservation
+            .shrink(std::mem::take(&mut self.held_bytes[p]).min(self.reservation.size()));
+        self.writers[p] = Some(writer);
+        Ok(())
+    }
+
+    /// The partitions as they stand: those in memory and the spilled ones' files.
+    pub(crate) fn finish(self) -> DfResult<PartitionedBuild> {
+        let spilled = self.writers.iter().map(Option::is_some).collect();
+        let files = finish_all(self.writers)?;
+        Ok(PartitionedBuild {
+            held: self.held.into_iter().flatten().collect(),
+            reservation: self.reservation,
+            spilled,
+            files,
+        })
+    }
+}
+
+/// A probe side routed by the build side's partitions: rows of partitions held in
+/// memory are handed on (to the join over those partitions), rows of spilled ones
+/// are written to a spill file per partition.
+pub(crate) struct ProbeRouter {
+    input: SendableRecordBatchStream,
+    partitioner: Partitioner,
+    spilled: Vec<bool>,
+    spill: Arc<SpillManager>,
+    what: String,
+    writers: Vec<Option<Box<dyn PartitionWriter>>>,
+    files: Option<Vec<Option<Arc<dyn SpillFile>>>>,
+}
+
+impl ProbeRouter {
+    pub(crate) fn new(
+        input: SendableRecordBatchStream,
+        partitioner: Partitioner,
+        spilled: Vec<bool>,
+        spill: Arc<SpillManager>,
+        what: &str,
+    ) -> Self {
+        let fanout = partitioner.fanout();
+        ProbeRouter {
+            input,
+            partitioner,
+            spilled,
+            spill,
+            what: what.to_owned(),
+            writers: (0..fanout).map(|_| None).collect(),
+            files: None,
+        }
+    }
+
+    /// The next rows of partitions held in memory; `None` once the input ended (its
+    /// spilled rows are then all written, and [`ProbeRouter::files`] has them).
+    pub(crate) async fn next_held(&mut self) -> Option<DfResult<RecordBatch>> {
+        loop {
+            if self.files.is_some() {
+                return None;
+            }
+            let Some(batch) = self.input.next().await else {
+                let writers = std::mem::take(&mut self.writers);
+                return match finish_all(writers) {
+                    Ok(files) => {
+                        self.files = Some(files);
+                        None
+                    }
+                    Err(e) => Some(Err(e)),
+                };
+            };
+            match self.route(batch) {
+                Ok(Some(held)) => return Some(Ok(held)),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    fn route(&mut self, batch: DfResult<RecordBatch>) -> DfResult<Option<RecordBatch>> {
         let batch = batch?;
-        let rows = batch.num_rows();
-        if rows == 0 {
-            continue;
+        if batch.num_rows() == 0 {
+            return Ok(None);
         }
-        let arrays: Vec<ArrayRef> = keys
-            .iter()
-            .map(|k| k.evaluate(&batch)?.into_array(rows))
-            .collect::<DfResult<_>>()?;
-        hashes.clear();
-        hashes.resize(rows, 0u64);
-        create_hashes(&arrays, &hasher, &mut hashes)?;
-        let mut indices: Vec<Vec<u32>> = vec![Vec::new(); FANOUT];
-        for (row, h) in hashes.iter().enumerate() {
-            // The high bits: the wrapped operator's own hash table uses the low ones.
-            let p = ((h >> 40) as usize) % FANOUT;
-            indices[p].push(row as u32);
-        }
-        for (p, rows) in indices.into_iter().enumerate() {
+        let mut held_rows = Vec::new();
+        for (p, rows) in self.partitioner.indices(&batch)?.into_iter().enumerate() {
             if rows.is_empty() {
                 continue;
             }
-            let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
-            let file = match &mut files[p] {
-                Some(f) => f,
-                slot => slot.insert(spill.create_in_progress_file(what)?),
+            if !self.spilled[p] {
+                held_rows.extend(rows);
+                continue;
+            }
+            let part = take_rows(&batch, rows)?;
+            let writer = match &mut self.writers[p] {
+                Some(w) => w,
+                slot => slot.insert(partition_writer(&self.spill, &self.what)?),
             };
-            file.append_batch(&part)?;
+            writer.append(&part)?;
         }
+        if held_rows.is_empty() {
+            return Ok(None);
+        }
+        if held_rows.len() == batch.num_rows() {
+            return Ok(Some(batch));
+        }
+        held_rows.sort_unstable();
+        take_rows(&batch, held_rows).map(Some)
     }
-    files
-        .into_iter()
-        .map(|f| match f {
-            Some(mut f) => f.finish(),
-            None => Ok(None),
-        })
-        .collect()
+
+    /// Reads the rest of the input (what the join over the partitions in memory
+    /// did not ask for) and returns the spilled partitions' files.
+    pub(crate) async fn files(&mut self) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>> {
+        while let Some(held) = self.next_held().await {
+            held?;
+        }
+        Ok(self.files.take().unwrap_or_default())
+    }
 }
 
 /// A leaf that yields one prepared stream once: how a spilling operator hands rows it

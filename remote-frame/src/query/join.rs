@@ -1,24 +1,34 @@
 //! A hash join whose build side spills to memory elements.
 //!
 //! DataFusion's hash join holds its whole build side and fails when the memory pool
-//! cannot take it. [`SpillingHashJoinExec`] wraps such a join: it reads the build side
-//! while its reservation grows; if the whole side fits, the wrapped join runs as is on
-//! the rows read. If not, both sides are hash-partitioned on the join keys into spill
-//! files in memory elements (a grace hash join), and the wrapped join runs partition by
-//! partition, each partition again through a spilling join with a new hash seed, so a
-//! partition that is still too large is split again. Join semantics (every join type,
-//! filters, projections) stay DataFusion's: every key lands in exactly one partition,
-//! which is all an equi-join needs. Null-aware anti joins (`NOT IN`) depend on the
-//! whole build side and are left unwrapped.
+//! cannot take it. [`SpillingHashJoinExec`] wraps such a join and reads the build
+//! side while its reservation grows (up to half the budget):
+//! - if the whole side fits, the wrapped join runs as is on the rows read;
+//! - if not, and the probe side turns out to fit (a quarter of the budget), the
+//!   roles swap: the probe side is built, the build side probes. Build sides are
+//!   chosen on estimates, which can be far off; this costs no spilling at all;
+//! - otherwise it is a hybrid hash join: the build side is split by key hash into
+//!   [`FANOUT`] partitions, as many kept in memory as fit and the largest
+//!   spilled to memory elements when memory runs short; the probe side's rows of
+//!   partitions in memory are joined at once, those of spilled partitions written
+//!   to a spill file per partition; then each spilled partition is joined from its
+//!   two files, again through a spilling join (with a new hash seed), so that only a
+//!   partition still too large (skew) is split again. Every spilled row is written
+//!   once and read once.
+//!
+//! Join semantics (every join type, filters, projections) stay DataFusion's: every
+//! key lands in exactly one partition, which is all an equi-join needs. Null-aware
+//! anti joins (`NOT IN`) depend on the whole build side and are left unwrapped.
 
 use std::fmt;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::Result as DfResult;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -32,11 +42,12 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
     SendableRecordBatchStream,
 };
+use futures::lock::Mutex as AsyncMutex;
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec, FANOUT,
-    MAX_LEVEL,
+    level_seed, partition_stream, reserved_stream, HybridPartitions, OneShotExec, Partitioner,
+    ProbeRouter, FANOUT, MAX_LEVEL,
 };
 use super::operator::replace_each;
 
@@ -170,6 +181,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
             metrics: self.metrics.clone(),
             spilled_partitions: MetricBuilder::new(&self.metrics)
                 .counter("spilled_partitions", partition),
+            swapped_roles: MetricBuilder::new(&self.metrics).counter("swapped_roles", partition),
         };
         let schema = self.join.schema();
         let stream = futures::stream::once(run.start()).try_flatten();
@@ -185,104 +197,258 @@ struct JoinRun {
     context: Arc<TaskContext>,
     metrics: ExecutionPlanMetricsSet,
     spilled_partitions: Count,
+    swapped_roles: Count,
+}
+
+/// Rows read from one input before deciding how to join: the batches held under
+/// `reservation`, and the first batch that did not fit (`None`: the input ended).
+struct Prefix {
+    held: Vec<RecordBatch>,
+    reservation: MemoryReservation,
+    overflow: Option<RecordBatch>,
+}
+
+impl Prefix {
+    /// Reads `input` while `reservation` grows within `cap` bytes.
+    async fn read(
+        input: &mut SendableRecordBatchStream,
+        reservation: MemoryReservation,
+        cap: usize,
+    ) -> DfResult<Self> {
+        let mut held = Vec::new();
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            let need = build_cost(&batch);
+            if reservation.size() + need <= cap && reservation.try_grow(need).is_ok() {
+                held.push(batch);
+            } else {
+                return Ok(Prefix {
+                    held,
+                    reservation,
+                    overflow: Some(batch),
+                });
+            }
+        }
+        Ok(Prefix {
+            held,
+            reservation,
+            overflow: None,
+        })
+    }
+
+    /// The rows read, then the rest of `rest`, as one stream that gives the held
+    /// rows' memory back as it hands them on.
+    fn chain(
+        self,
+        schema: SchemaRef,
+        rest: SendableRecordBatchStream,
+    ) -> SendableRecordBatchStream {
+        let held = reserved_stream(schema.clone(), self.held, self.reservation, build_cost);
+        let stream = held
+            .chain(futures::stream::iter(self.overflow.map(Ok)))
+            .chain(rest);
+        Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+    }
 }
 
 impl JoinRun {
+    fn consumer(&self, what: &str) -> MemoryReservation {
+        MemoryConsumer::new(format!(
+            "SpillingHashJoin[{}] {what} level {}",
+            self.partition, self.level
+        ))
+        .with_can_spill(true)
+        .register(self.context.memory_pool())
+    }
+
     async fn start(self) -> DfResult<SendableRecordBatchStream> {
         let left_partition = match self.join.partition_mode() {
             PartitionMode::CollectLeft => 0,
             _ => self.partition,
         };
         let left_schema = self.join.left().schema();
+        let right_schema = self.join.right().schema();
         let mut left = self
             .join
             .left()
             .execute(left_partition, self.context.clone())?;
-        let reservation = MemoryConsumer::new(format!(
-            "SpillingHashJoin[{}] build level {}",
-            self.partition, self.level
-        ))
-        .with_can_spill(true)
-        .register(self.context.memory_pool());
-        let build_cap = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes / 2,
+        let limit = match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes,
             _ => usize::MAX,
         };
-        let mut build = Vec::new();
-        let mut overflow = None;
-        while let Some(batch) = left.next().await {
-            let batch = batch?;
-            // The join's hash table costs about as much again as the rows. A build
-            // side may take at most half the budget, so that the operators feeding
-            // it (often other joins) keep room while it is read.
-            let need = build_cost(&batch);
-            if reservation.size() + need <= build_cap && reservation.try_grow(need).is_ok() {
-                build.push(batch);
-            } else {
-                overflow = Some(batch);
-                break;
-            }
-        }
-        let right = self
+        // The join's hash table costs about as much again as the rows. A build side
+        // may take at most half the budget, so that the operators feeding it (often
+        // other joins) keep room while it is read.
+        let build = Prefix::read(&mut left, self.consumer("build"), limit / 2).await?;
+        let mut right = self
             .join
             .right()
             .execute(self.partition, self.context.clone())?;
-        let Some(first_overflow) = overflow else {
+        if build.overflow.is_none() {
             // It fits: the wrapped join runs on the rows read. Its own reservation
             // takes over from ours batch by batch.
-            let left = OneShotExec::new(
-                left_schema.clone(),
-                reserved_stream(left_schema, build, reservation, build_cost),
-            );
+            let left = build.chain(left_schema, left);
             return self.inner_join(
-                left,
-                OneShotExec::new(self.join.right().schema(), right),
+                OneShotExec::new(left.schema(), left),
+                OneShotExec::new(right_schema, right),
                 false,
             );
+        }
+        // The build side is large. Estimates said it was the smaller side, but they
+        // can be far off: if the probe side turns out to fit, the roles swap and
+        // nothing spills.
+        let probe = if self.swappable() {
+            let probe = Prefix::read(&mut right, self.consumer("probe"), limit / 4).await?;
+            if probe.overflow.is_none() {
+                self.swapped_roles.add(1);
+                let left = build.chain(left_schema, left);
+                let right = probe.chain(right_schema, right);
+                return self.swapped_join(left, right);
+            }
+            Some(probe)
+        } else {
+            None
         };
-        // Too large: partition both sides into memory elements.
-        self.spilled_partitions.add(FANOUT);
+        // Both sides are large: a hybrid hash join. The build side is split into
+        // partitions, as many kept in memory as fit and the rest spilled; the probe
+        // side's rows of partitions in memory are joined at once, the others spilled
+        // by partition and joined partition by partition afterwards.
         let seed = level_seed(self.level);
         let left_keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
         let right_keys: Vec<_> = self.join.on().iter().map(|(_, r)| r.clone()).collect();
-        let left_spill = SpillManager::new(
+        let left_spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),
             SpillMetrics::new(&self.metrics, self.partition),
             left_schema.clone(),
-        );
-        let buffered = futures::stream::iter(build.into_iter().chain([first_overflow]).map(Ok));
-        let left_files = spill_partitioned(
-            &left_spill,
-            &left_keys,
-            seed,
-            "hash join build",
-            buffered.chain(left),
-        )
-        .await?;
-        reservation.free();
-        let right_schema = self.join.right().schema();
-        let right_spill = SpillManager::new(
+        ));
+        let right_spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),
             SpillMetrics::new(&self.metrics, self.partition),
-            right_schema,
+            right_schema.clone(),
+        ));
+        let Prefix {
+            held,
+            reservation,
+            overflow,
+        } = build;
+        let mut partitions = HybridPartitions::new(
+            Partitioner::new(left_keys, seed, FANOUT),
+            left_spill.clone(),
+            "hash join build",
+            self.consumer("build partitions"),
+            limit / 2,
+            build_cost,
         );
-        let right_files =
-            spill_partitioned(&right_spill, &right_keys, seed, "hash join probe", right).await?;
-        let spills = Arc::new((left_spill, right_spill));
-        let schema = self.join.schema();
-        let parts = left_files.into_iter().zip(right_files);
-        let runs = futures::stream::iter(parts).map(move |(l, r)| {
-            let (ls, rs) = &*spills;
-            self.inner_join(
-                OneShotExec::new(ls.schema().clone(), partition_stream(ls, l)?),
-                OneShotExec::new(rs.schema().clone(), partition_stream(rs, r)?),
-                true,
-            )
+        // The rows read so far are handed to the partitions one by one, each giving
+        // its share back as it goes, so nothing is counted twice.
+        let mut rows = reserved_stream(left_schema.clone(), held, reservation, build_cost)
+            .chain(futures::stream::iter(overflow.map(Ok)))
+            .chain(left);
+        while let Some(batch) = rows.next().await {
+            partitions.push(&batch?)?;
+        }
+        drop(rows);
+        let build = partitions.finish()?;
+        let spilled = build.spilled.iter().filter(|&&s| s).count();
+        self.spilled_partitions.add(spilled);
+        let right = match probe {
+            Some(probe) => probe.chain(right_schema.clone(), right),
+            None => right,
+        };
+        let router = Arc::new(AsyncMutex::new(ProbeRouter::new(
+            right,
+            Partitioner::new(right_keys, seed, FANOUT),
+            build.spilled.clone(),
+            right_spill.clone(),
+            "hash join probe",
+        )));
+        let held_probe = futures::stream::unfold(router.clone(), |router| async move {
+            let next = router.lock().await.next_held().await;
+            next.map(|batch| (batch, router))
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            runs.try_flatten(),
-        )))
+        // Also without rows in memory: probe rows of partitions no build row fell
+        // in may still be output (outer joins). Rows the join does not ask for
+        // (nothing they could produce) are read past by `files` below.
+        let held = reserved_stream(
+            left_schema.clone(),
+            build.held,
+            build.reservation,
+            build_cost,
+        );
+        let held_probe = Box::pin(RecordBatchStreamAdapter::new(
+            right_schema.clone(),
+            held_probe,
+        ));
+        let joined_in_memory = self.inner_join(
+            OneShotExec::new(left_schema.clone(), held),
+            OneShotExec::new(right_schema.clone(), held_probe),
+            false,
+        )?;
+        let build_files = build.files;
+        let batch_rows = self.context.session_config().batch_size();
+        let schema = self.join.schema();
+        let fetch = self.join.fetch();
+        let run = Arc::new(self);
+        let spilled_joins = futures::stream::once(async move {
+            let probe_files = router.lock().await.files().await?;
+            let parts = build_files
+                .into_iter()
+                .zip(probe_files)
+                .filter(|(l, _)| l.is_some());
+            let joins = futures::stream::iter(parts.collect::<Vec<_>>()).map(move |(l, r)| {
+                run.inner_join(
+                    OneShotExec::new(
+                        left_schema.clone(),
+                        partition_stream(&left_spill, l, batch_rows)?,
+                    ),
+                    OneShotExec::new(
+                        right_schema.clone(),
+                        partition_stream(&right_spill, r, batch_rows)?,
+                    ),
+                    true,
+                )
+            });
+            Ok::<_, DataFusionError>(joins.try_flatten())
+        })
+        .try_flatten();
+        let joined = joined_in_memory.chain(spilled_joins);
+        Ok(match fetch {
+            // Each partition's join stops at the limit on its own.
+            Some(rows) => Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                limit_rows(joined, rows),
+            )),
+            None => Box::pin(RecordBatchStreamAdapter::new(schema, joined)),
+        })
+    }
+
+    /// Whether the join may run with its inputs' roles swapped: its type allows it
+    /// and nothing above relies on the probe side's order.
+    fn swappable(&self) -> bool {
+        !self.join.null_aware
+            && self.join.join_type().supports_swap()
+            && self.join.properties().output_ordering().is_none()
+    }
+
+    /// The join with `right` (which fits) as its build side and `left` probing it.
+    fn swapped_join(
+        &self,
+        left: SendableRecordBatchStream,
+        right: SendableRecordBatchStream,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let join = self
+            .join
+            .builder()
+            .with_new_children(vec![
+                Arc::new(OneShotExec::new(left.schema(), left)),
+                Arc::new(OneShotExec::new(right.schema(), right)),
+            ])?
+            .with_partition_mode(PartitionMode::CollectLeft)
+            .reset_state()
+            .recompute_properties()
+            .build()?;
+        join.swap_inputs(PartitionMode::CollectLeft)?
+            .execute(0, self.context.clone())
     }
 
     /// Runs the wrapped join on one-partition inputs; `nested` wraps it again one
@@ -310,8 +476,174 @@ impl JoinRun {
     }
 }
 
+/// The first `rows` rows of `input`.
+fn limit_rows<S>(input: S, rows: usize) -> impl futures::Stream<Item = DfResult<RecordBatch>>
+where
+    S: futures::Stream<Item = DfResult<RecordBatch>>,
+{
+    input.scan(rows, |left, batch| {
+        let out = match batch {
+            Ok(_) if *left == 0 => None,
+            Ok(b) => {
+                let take = b.num_rows().min(*left);
+                *left -= take;
+                Some(Ok(b.slice(0, take)))
+            }
+            Err(e) => Some(Err(e)),
+        };
+        futures::future::ready(out)
+    })
+}
+
 /// What a build-side batch reserves: the rows and about as much again for the join's
 /// hash table.
 fn build_cost(batch: &RecordBatch) -> usize {
     2 * batch.get_array_memory_size()
+}
+
+#[cfg(test)]
+mod tests {
+    use polars::prelude::{df, DataFrame, SortMultipleOptions};
+    use scad_core::transport::LocalTransport;
+    use scad_remote_array::MemoryElements;
+
+    use super::*;
+    use crate::env::FrameEnv;
+    use crate::frame::RemoteFrame;
+    use crate::query::{QueryOutput, QuerySession};
+
+    /// Rows of each table.
+    const ROWS: i64 = 40_000;
+
+    /// `big` (keys 0..ROWS, a payload) and `small` (every fourth key), in local
+    /// memory elements.
+    fn env_and_frames() -> (FrameEnv, Vec<(&'static str, RemoteFrame)>) {
+        let elements = Arc::new(MemoryElements::new());
+        for name in ["mem0", "mem1"] {
+            elements
+                .add(name, Arc::new(LocalTransport::new(128 << 20).unwrap()))
+                .unwrap();
+        }
+        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        let big = df!(
+            "b_key" => (0..ROWS).collect::<Vec<_>>(),
+            "b_val" => (0..ROWS).map(|i| i * 7 % 1000).collect::<Vec<_>>(),
+            "b_pad" => (0..ROWS).map(|i| i * 3).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let small = df!(
+            "s_key" => (0..ROWS).step_by(4).collect::<Vec<_>>(),
+            "s_val" => (0..ROWS).step_by(4).map(|i| i % 13).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let frames = vec![
+            ("big", RemoteFrame::from_polars(&env, &big).unwrap()),
+            ("small", RemoteFrame::from_polars(&env, &small).unwrap()),
+        ];
+        (env, frames)
+    }
+
+    /// Runs `sql` at `budget` (`None`: unlimited); returns the output and its rows
+    /// sorted by the first column (the queries have no ORDER BY: a sort could spill
+    /// too).
+    fn run(
+        env: &FrameEnv,
+        frames: &[(&str, RemoteFrame)],
+        budget: Option<u64>,
+        sql: &str,
+    ) -> (QueryOutput, DataFrame) {
+        let env = match budget {
+            Some(b) => env.with_budget(b),
+            None => env.clone(),
+        };
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        for (name, frame) in frames {
+            session.register(name, frame).unwrap();
+        }
+        let out = session.sql(sql).unwrap();
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        let got = out.to_polars().unwrap();
+        let first = got.get_column_names()[0].clone();
+        let got = got.sort([first], SortMultipleOptions::default()).unwrap();
+        (out, got)
+    }
+
+    /// The sum of a metric over the plan's spilling joins.
+    fn join_metric(out: &QueryOutput, name: &str) -> usize {
+        fn walk(plan: &dyn ExecutionPlan, name: &str) -> usize {
+            let own = match plan.downcast_ref::<SpillingHashJoinExec>() {
+                Some(join) => join
+                    .metrics()
+                    .and_then(|m| m.sum_by_name(name))
+                    .map_or(0, |v| v.as_usize()),
+                None => 0,
+            };
+            own + plan
+                .children()
+                .into_iter()
+                .map(|c| walk(c.as_ref(), name))
+                .sum::<usize>()
+        }
+        walk(out.plan.as_ref(), name)
+    }
+
+    // Every key of `small` matches once in `big`: ROWS / 4 rows.
+    const SQL: &str = "SELECT s_key, s_val, b_val FROM small JOIN big ON s_key = b_key";
+
+    #[test]
+    fn a_build_side_that_fits_spills_nothing() {
+        let (env, frames) = env_and_frames();
+        let (_, want) = run(&env, &frames, None, SQL);
+        assert_eq!(want.height(), ROWS as usize / 4);
+        let (out, got) = run(&env, &frames, Some(64 << 20), SQL);
+        assert!(got.equals_missing(&want));
+        assert_eq!(out.stats().spill_files, 0);
+        assert_eq!(join_metric(&out, "swapped_roles"), 0);
+        assert_eq!(join_metric(&out, "spilled_partitions"), 0);
+    }
+
+    #[test]
+    fn a_build_side_estimated_small_but_large_swaps_roles_instead_of_spilling() {
+        // `b_pad >= 0` keeps every row of big; estimated from the predicate's shape
+        // it keeps a third, so big (filtered) looks smaller than small and is built.
+        let sql = "SELECT s_key, s_val, b_val FROM small JOIN \
+                   (SELECT * FROM big WHERE b_pad >= 0 AND b_val >= 0) b ON s_key = b_key";
+        let (env, frames) = env_and_frames();
+        let (_, want) = run(&env, &frames, None, sql);
+        // Big's three columns cost 2 x 960 KB built, beyond half of 1.5 MB; small's
+        // two, 2 x 160 KB, fit in a quarter.
+        let (out, got) = run(&env, &frames, Some(1536 << 10), sql);
+        assert!(got.equals_missing(&want));
+        assert_eq!(
+            join_metric(&out, "swapped_roles"),
+            1,
+            "{}",
+            out.explain_analyze()
+        );
+        assert_eq!(out.stats().spill_files, 0, "{}", out.explain_analyze());
+    }
+
+    #[test]
+    fn a_hybrid_join_spills_some_partitions_once_and_keeps_the_rest_in_memory() {
+        // Both sides large: big joined with itself.
+        let sql = "SELECT a.b_key, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
+        let (env, frames) = env_and_frames();
+        let (_, want) = run(&env, &frames, None, sql);
+        assert_eq!(want.height(), ROWS as usize);
+        let (out, got) = run(&env, &frames, Some(1 << 20), sql);
+        assert!(got.equals_missing(&want));
+        let text = out.explain_analyze();
+        let spilled = join_metric(&out, "spilled_partitions");
+        assert_eq!(join_metric(&out, "swapped_roles"), 0, "{text}");
+        // Some partitions stay in memory; each spilled one is one file a side, no
+        // partition is split again.
+        assert!(spilled > 0 && spilled < FANOUT, "{spilled}: {text}");
+        assert_eq!(out.stats().spill_files, 2 * spilled as u64, "{text}");
+        // Every spilled row is written once and read once.
+        assert_eq!(
+            out.stats().spill_bytes_written,
+            out.stats().spill_bytes_read,
+            "{text}"
+        );
+    }
 }

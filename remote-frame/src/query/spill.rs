@@ -22,11 +22,11 @@ const BLOCK_BYTES: usize = 1 << 20;
 /// The least: smaller blocks cost a remote write each for little.
 const MIN_BLOCK_BYTES: usize = 16 << 10;
 
-/// Bytes a spill writer gathers before writing a block, under `budget`: a grace
-/// partitioning keeps up to 2 x 16 writers open at once (a join's two sides), whose
-/// blocks together stay within a quarter of the budget.
+/// Bytes a spill writer gathers before writing a block, under `budget`: a hybrid
+/// hash join keeps up to 2 x 64 writers open at once (a partition of each side),
+/// whose blocks together stay within a quarter of the budget.
 fn block_bytes(budget: u64) -> usize {
-    usize::try_from(budget / 128)
+    usize::try_from(budget / 512)
         .unwrap_or(usize::MAX)
         .clamp(MIN_BLOCK_BYTES, BLOCK_BYTES)
 }
@@ -292,11 +292,11 @@ mod tests {
     #[test]
     fn blocks_shrink_with_the_budget() {
         assert_eq!(block_bytes(u64::MAX), BLOCK_BYTES);
-        assert_eq!(block_bytes(64 << 20), 512 << 10);
+        assert_eq!(block_bytes(64 << 20), 128 << 10);
         assert_eq!(block_bytes(1 << 20), MIN_BLOCK_BYTES);
-        // 32 writers' blocks take at most a quarter of a budget that is not tiny.
-        for budget in [4u64 << 20, 25 << 20, 200 << 20] {
-            assert!(32 * block_bytes(budget) as u64 <= budget / 4);
+        // 128 writers' blocks take at most a quarter of a budget that is not tiny.
+        for budget in [8u64 << 20, 25 << 20, 200 << 20] {
+            assert!(128 * block_bytes(budget) as u64 <= budget / 4);
         }
     }
 

@@ -42,6 +42,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use scad_tpcds::compare::compare_values;
 use scad_tpcds::data::{generate, DataSet, GenerateOptions};
 use scad_tpcds::engine::{official_queries, parse_queries, query_number, run_query, session};
+use scad_tpcds::regress::{
+    compare_runs, comparison_table, read_results, QueryResult, SLOWER_RATIO, SLOWER_SECS,
+};
 use scad_tpcds::remote::{
     duckdb_timings, load_tables, Cluster, DuckDbTiming, RedisServer, TransportKind,
 };
@@ -104,6 +107,11 @@ struct Args {
     /// Write one JSON object per query per line here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Compare this run query by query with a baseline written by `--json` (e.g.
+    /// benches/results/main-sf1.jsonl): prints the table and fails if a query got
+    /// more than 1.5x and 0.2 s slower, or no longer equals DuckDB.
+    #[arg(long)]
+    compare: Option<PathBuf>,
     /// Run every stage of a query's plan as its own process (tcp only).
     #[arg(long)]
     stage_processes: bool,
@@ -259,6 +267,11 @@ fn main() -> Result<()> {
             args.transport
         );
     }
+    // Read before the run: a missing or malformed baseline fails at once.
+    let baseline = match &args.compare {
+        Some(path) => Some(read_results(path)?),
+        None => None,
+    };
     let queries = if args.queries.is_empty() {
         official_queries()
     } else {
@@ -510,6 +523,37 @@ fn main() -> Result<()> {
                 "spill_bytes_written": s.spill_bytes_written,
             });
             writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    if let Some(baseline) = baseline {
+        let new: Vec<QueryResult> = runs
+            .iter()
+            .map(|r| QueryResult {
+                name: r.query.clone(),
+                equal: r.equal(),
+                secs: r.secs,
+                duckdb_secs: duck_secs(&r.query),
+                spill_files: r.stats.map_or(0, |s| s.spill_files),
+                bytes_moved: r.bytes_moved(),
+            })
+            .collect();
+        let changes = compare_runs(&baseline, &new);
+        println!(
+            "\ncompared with {}:\n{}",
+            args.compare.as_deref().unwrap_or(Path::new("")).display(),
+            comparison_table(&changes, 5)
+        );
+        let regressed: Vec<&str> = changes
+            .iter()
+            .filter(|c| c.regressed)
+            .map(|c| c.name.as_str())
+            .collect();
+        if !regressed.is_empty() {
+            bail!(
+                "{} queries regressed against the baseline (> {SLOWER_RATIO}x and > {SLOWER_SECS} s slower, or no longer equal): {}",
+                regressed.len(),
+                regressed.join(", ")
+            );
         }
     }
     if equal != runs.len() {
