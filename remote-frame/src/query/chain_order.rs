@@ -10,8 +10,11 @@
 //! table of a star), it joins next the connected relation that its filters shrink
 //! most (fewest estimated rows among equals), so the filtered dimensions cut the
 //! probe side down before the unfiltered ones are joined. A projection on top keeps
-//! the tree's output columns. Trees with outer, semi or anti joins, join filters,
-//! null-equal keys, or relations no predicate connects are left as they are. Which
+//! the tree's output columns. The joins' other conditions (join filters, such as
+//! q72's `inv_quantity_on_hand < cs_quantity`) go with the rebuilt join where all
+//! the columns they read are first present, so they do not fence the relations on
+//! either side in. Trees with outer, semi or anti joins, null-equal keys, or
+//! relations no predicate connects are left as they are. Which
 //! side of each join is built is decided later, on the physical plan
 //! ([`super::join_order`]).
 
@@ -68,13 +71,13 @@ fn order_chains(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
     })
 }
 
-/// An inner equi-join whose keys must match (not null-equal) and with no other
-/// condition: what can be reordered freely with its neighbours.
+/// An inner equi-join whose keys must match (not null-equal): what can be reordered
+/// freely with its neighbours. Its other condition (a join filter), if any, is
+/// applied by the join where all the columns it reads are first present.
 fn is_chain_join(plan: &LogicalPlan) -> bool {
     match plan {
         LogicalPlan::Join(j) => {
             j.join_type == JoinType::Inner
-                && j.filter.is_none()
                 && !j.on.is_empty()
                 && j.null_equality == NullEquality::NullEqualsNothing
                 && !j.null_aware
@@ -95,6 +98,8 @@ fn is_column_projection(plan: &LogicalPlan) -> bool {
 struct Chain {
     relations: Vec<LogicalPlan>,
     predicates: Vec<(Expr, Expr)>,
+    /// The conjuncts of the joins' filters (conditions other than key equality).
+    residuals: Vec<Expr>,
 }
 
 impl Chain {
@@ -104,6 +109,10 @@ impl Chain {
                 self.collect(&j.left);
                 self.collect(&j.right);
                 self.predicates.extend(j.on.iter().cloned());
+                if let Some(filter) = &j.filter {
+                    self.residuals
+                        .extend(split_conjunction(filter).into_iter().cloned());
+                }
             }
             LogicalPlan::Projection(p) if is_column_projection(plan) && is_join_below(&p.input) => {
                 self.collect(&p.input)
@@ -138,6 +147,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
     let mut chain = Chain {
         relations: Vec::new(),
         predicates: Vec::new(),
+        residuals: Vec::new(),
     };
     chain.collect(root);
     // The relations' own chains first (their order does not depend on this one's).
@@ -166,6 +176,19 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         }
         edges.push(((a, l.clone()), (b, r.clone())));
     }
+    // Each join filter conjunct with the relations it reads.
+    let mut residuals = Vec::new();
+    for expr in &chain.residuals {
+        let mut reads = Vec::new();
+        for column in expr.column_refs() {
+            let mut owners = (0..n).filter(|&k| columns[k].contains(column));
+            match (owners.next(), owners.next()) {
+                (Some(k), None) => reads.push(k),
+                _ => return Ok(None),
+            }
+        }
+        residuals.push((expr.clone(), reads));
+    }
     let estimates: Vec<(f64, f64)> = chain.relations.iter().map(estimate).collect();
     // Ties are broken by the relations' column names, not their places, so that the
     // order rebuilt is chosen again when the rule meets it (a fixed point).
@@ -181,8 +204,11 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
                 .join(",")
         })
         .collect();
-    // Start from the relation with the most rows before its filters.
-    let Some(start) = (0..n).max_by(|&a, &b| {
+    // Start from the relation with the most rows before its filters (the fact
+    // table of a star), unless starting elsewhere makes the intermediate results
+    // much smaller: with two large relations (q72: catalog_sales and inventory),
+    // the other one filtered by its dimensions first.
+    let Some(largest) = (0..n).max_by(|&a, &b| {
         estimates[a]
             .1
             .total_cmp(&estimates[b].1)
@@ -190,31 +216,19 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
     }) else {
         return Ok(None);
     };
-    let mut order = vec![start];
-    let mut joined = vec![false; n];
-    joined[start] = true;
-    while order.len() < n {
-        let connected = (0..n).filter(|&k| {
-            !joined[k]
-                && edges
-                    .iter()
-                    .any(|((a, _), (b, _))| (*a == k && joined[*b]) || (*b == k && joined[*a]))
-        });
-        // Most selective first (kept fraction), then fewest rows.
-        let next = connected.min_by(|&a, &b| {
-            let key = |k: usize| (estimates[k].0 / estimates[k].1.max(1.0), estimates[k].0);
-            let (fa, ra) = key(a);
-            let (fb, rb) = key(b);
-            fa.total_cmp(&fb)
-                .then(ra.total_cmp(&rb))
-                .then_with(|| names[a].cmp(&names[b]))
-        });
-        let Some(next) = next else {
-            // Not connected: a cross product; left as written.
-            return Ok(None);
-        };
-        joined[next] = true;
-        order.push(next);
+    let Some((mut order, default_cost)) = greedy_order(largest, &estimates, &edges, &names) else {
+        // Not connected: a cross product; left as written.
+        return Ok(None);
+    };
+    // Ties by name, not place: the rebuilt order must be chosen again when the rule
+    // meets it.
+    let better = (0..n)
+        .filter_map(|s| greedy_order(s, &estimates, &edges, &names))
+        .min_by(|a, b| a.1.total_cmp(&b.1).then_with(|| names[a.0[0]].cmp(&names[b.0[0]])));
+    if let Some((other, cost)) = better {
+        if cost < default_cost * RESTART_GAIN {
+            order = other;
+        }
     }
     if order.iter().copied().eq(0..n) {
         return Ok(None);
@@ -235,13 +249,19 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
                 right_keys.push(eb.clone());
             }
         }
+        placed[k] = true;
+        // The join filter conjuncts whose relations are all joined now.
+        let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut residuals)
+            .into_iter()
+            .partition(|(_, reads): &(Expr, Vec<usize>)| reads.iter().all(|&r| placed[r]));
+        residuals = later;
+        let filter = now.into_iter().map(|(e, _)| e).reduce(Expr::and);
         builder = builder.join_with_expr_keys(
             chain.relations[k].clone(),
             JoinType::Inner,
             (left_keys, right_keys),
-            None,
+            filter,
         )?;
-        placed[k] = true;
     }
     let output: Vec<Expr> = root
         .schema()
@@ -250,6 +270,57 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         .map(Expr::Column)
         .collect();
     Ok(Some(builder.project(output)?.build()?))
+}
+
+/// Another start is taken when its intermediate results sum to less than this
+/// fraction of the largest relation's start: the estimates are rough, and a star
+/// is best started from its fact table.
+const RESTART_GAIN: f64 = 0.5;
+
+/// A predicate as (relation, expression) on both sides.
+type Edge = ((usize, Expr), (usize, Expr));
+
+/// The left-deep order from `start`, joining next the connected relation its
+/// filters shrink most (fewest estimated rows among equals), and the estimated sum
+/// of its intermediate results (each join's output under the foreign-key
+/// assumption, `|L|·|R| / min(base L, base R)`); `None` if a relation is not
+/// connected.
+fn greedy_order(
+    start: usize,
+    estimates: &[(f64, f64)],
+    edges: &[Edge],
+    names: &[String],
+) -> Option<(Vec<usize>, f64)> {
+    let n = estimates.len();
+    let mut order = vec![start];
+    let mut joined = vec![false; n];
+    joined[start] = true;
+    let (mut rows, mut base) = estimates[start];
+    let mut cost = 0.0;
+    while order.len() < n {
+        let connected = (0..n).filter(|&k| {
+            !joined[k]
+                && edges
+                    .iter()
+                    .any(|((a, _), (b, _))| (*a == k && joined[*b]) || (*b == k && joined[*a]))
+        });
+        // Most selective first (kept fraction), then fewest rows.
+        let next = connected.min_by(|&a, &b| {
+            let key = |k: usize| (estimates[k].0 / estimates[k].1.max(1.0), estimates[k].0);
+            let (fa, ra) = key(a);
+            let (fb, rb) = key(b);
+            fa.total_cmp(&fb)
+                .then(ra.total_cmp(&rb))
+                .then_with(|| names[a].cmp(&names[b]))
+        })?;
+        let (next_rows, next_base) = estimates[next];
+        rows = rows * next_rows / base.min(next_base).max(1.0);
+        base = base.max(next_base);
+        cost += rows;
+        joined[next] = true;
+        order.push(next);
+    }
+    Some((order, cost))
 }
 
 /// Whether every join of the tree has a relation (not a join) on its right.
