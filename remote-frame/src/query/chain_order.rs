@@ -224,7 +224,10 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
     // meets it.
     let better = (0..n)
         .filter_map(|s| greedy_order(s, &estimates, &edges, &names))
-        .min_by(|a, b| a.1.total_cmp(&b.1).then_with(|| names[a.0[0]].cmp(&names[b.0[0]])));
+        .min_by(|a, b| {
+            a.1.total_cmp(&b.1)
+                .then_with(|| names[a.0[0]].cmp(&names[b.0[0]]))
+        });
     if let Some((other, cost)) = better {
         if cost < default_cost * RESTART_GAIN {
             order = other;
