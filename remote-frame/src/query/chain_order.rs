@@ -25,7 +25,7 @@ use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::common::{Column, NullEquality, Result as DfResult};
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
-    BinaryExpr, Expr, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
+    BinaryExpr, Expr, ExprSchemable, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
@@ -176,6 +176,19 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         }
         edges.push(((a, l.clone()), (b, r.clone())));
     }
+    // Which predicates equate integers on both sides: surrogate keys, which the
+    // estimates take for foreign keys. An equality of other values (q24's
+    // `s_zip = ca_zip`) can match many rows on both sides.
+    let integer: Vec<bool> = edges
+        .iter()
+        .map(|((a, ea), (b, eb))| {
+            let is_int = |e: &Expr, k: usize| {
+                e.get_type(chain.relations[k].schema().as_ref())
+                    .is_ok_and(|t| t.is_integer())
+            };
+            is_int(ea, *a) && is_int(eb, *b)
+        })
+        .collect();
     // Each join filter conjunct with the relations it reads.
     let mut residuals = Vec::new();
     for expr in &chain.residuals {
@@ -216,14 +229,16 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
     }) else {
         return Ok(None);
     };
-    let Some((mut order, default_cost)) = greedy_order(largest, &estimates, &edges, &names) else {
+    let Some((mut order, default_cost)) =
+        greedy_order(largest, &estimates, &edges, &integer, &names)
+    else {
         // Not connected: a cross product; left as written.
         return Ok(None);
     };
     // Ties by name, not place: the rebuilt order must be chosen again when the rule
     // meets it.
     let better = (0..n)
-        .filter_map(|s| greedy_order(s, &estimates, &edges, &names))
+        .filter_map(|s| greedy_order(s, &estimates, &edges, &integer, &names))
         .min_by(|a, b| {
             a.1.total_cmp(&b.1)
                 .then_with(|| names[a.0[0]].cmp(&names[b.0[0]]))
@@ -284,7 +299,9 @@ const RESTART_GAIN: f64 = 0.5;
 type Edge = ((usize, Expr), (usize, Expr));
 
 /// The left-deep order from `start`, joining next the connected relation its
-/// filters shrink most (fewest estimated rows among equals), and the estimated sum
+/// filters shrink most (fewest estimated rows among equals; relations connected by
+/// an integer key before those connected only by other equalities), and the
+/// estimated sum
 /// of its intermediate results (each join's output under the foreign-key
 /// assumption, `|L|·|R| / min(base L, base R)`); `None` if a relation is not
 /// connected.
@@ -292,6 +309,7 @@ fn greedy_order(
     start: usize,
     estimates: &[(f64, f64)],
     edges: &[Edge],
+    integer: &[bool],
     names: &[String],
 ) -> Option<(Vec<usize>, f64)> {
     let n = estimates.len();
@@ -307,12 +325,19 @@ fn greedy_order(
                     .iter()
                     .any(|((a, _), (b, _))| (*a == k && joined[*b]) || (*b == k && joined[*a]))
         });
-        // Most selective first (kept fraction), then fewest rows.
+        let by_key = |k: usize| {
+            edges.iter().zip(integer).any(|(((a, _), (b, _)), &int)| {
+                int && ((*a == k && joined[*b]) || (*b == k && joined[*a]))
+            })
+        };
+        // By key first, then most selective (kept fraction), then fewest rows.
         let next = connected.min_by(|&a, &b| {
             let key = |k: usize| (estimates[k].0 / estimates[k].1.max(1.0), estimates[k].0);
             let (fa, ra) = key(a);
             let (fb, rb) = key(b);
-            fa.total_cmp(&fb)
+            by_key(b)
+                .cmp(&by_key(a))
+                .then(fa.total_cmp(&fb))
                 .then(ra.total_cmp(&rb))
                 .then_with(|| names[a].cmp(&names[b]))
         })?;
