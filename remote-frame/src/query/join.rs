@@ -646,4 +646,23 @@ mod tests {
             "{text}"
         );
     }
+
+    #[test]
+    fn a_hybrid_join_dropped_midway_frees_its_spill_files() {
+        let sql = "SELECT a.b_key, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
+        let (env, frames) = env_and_frames();
+        let session = QuerySession::with_partitions(&env.with_budget(1 << 20), 1).unwrap();
+        for (name, frame) in &frames {
+            session.register(name, frame).unwrap();
+        }
+        let (_, plan) = session.plan(sql).unwrap();
+        let mut stream = plan.execute(0, session.ctx.task_ctx()).unwrap();
+        let first = session.runtime.block_on(stream.next()).unwrap().unwrap();
+        assert!(first.num_rows() > 0);
+        // The build side is partitioned by now, some partitions in memory elements.
+        assert!(session.spill_bytes_held() > 0);
+        drop(stream);
+        session.await_spill_release();
+        assert_eq!(session.spill_bytes_held(), 0, "spill files left behind");
+    }
 }
