@@ -68,7 +68,7 @@ impl PhysicalOptimizerRule for SpillingJoins {
             }
             let copy = join.builder().build()?;
             Ok(Some(
-                Arc::new(SpillingHashJoinExec::new(Arc::new(copy), 0)) as _
+                Arc::new(SpillingHashJoinExec::new(Arc::new(copy))) as _
             ))
         })
     }
@@ -102,16 +102,28 @@ fn wrappable(join: &HashJoinExec) -> bool {
 pub(crate) struct SpillingHashJoinExec {
     join: Arc<HashJoinExec>,
     level: u32,
+    /// How many runs of this join share the budget at once (the partitions of the
+    /// join at level 0), each taking its share.
+    ways: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl SpillingHashJoinExec {
-    fn new(join: Arc<HashJoinExec>, level: u32) -> Self {
+    /// The join of a plan: its partitions run at once.
+    fn new(join: Arc<HashJoinExec>) -> Self {
+        let ways = join.properties().partitioning.partition_count().max(1);
+        Self::nested(join, 0, ways)
+    }
+
+    /// A join over one partition of a join partitioned `level` times, which runs
+    /// beside `ways - 1` others.
+    fn nested(join: Arc<HashJoinExec>, level: u32, ways: usize) -> Self {
         let properties = join.properties().clone();
         SpillingHashJoinExec {
             join,
             level,
+            ways,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -156,10 +168,12 @@ impl ExecutionPlan for SpillingHashJoinExec {
             .with_new_children(children)?
             .recompute_properties()
             .build()?;
-        Ok(Arc::new(SpillingHashJoinExec::new(
-            Arc::new(join),
-            self.level,
-        )))
+        let join = Arc::new(join);
+        Ok(Arc::new(if self.level == 0 {
+            SpillingHashJoinExec::new(join)
+        } else {
+            SpillingHashJoinExec::nested(join, self.level, self.ways)
+        }))
     }
 
     super::operator::with_new_children_by_replace!();
@@ -176,6 +190,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
         let run = JoinRun {
             join: self.join.clone(),
             level: self.level,
+            ways: self.ways,
             partition,
             context,
             metrics: self.metrics.clone(),
@@ -193,6 +208,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
 struct JoinRun {
     join: Arc<HashJoinExec>,
     level: u32,
+    ways: usize,
     partition: usize,
     context: Arc<TaskContext>,
     metrics: ExecutionPlanMetricsSet,
@@ -272,8 +288,9 @@ impl JoinRun {
             .join
             .left()
             .execute(left_partition, self.context.clone())?;
+        // The join's partitions run at the same time: the share of one.
         let limit = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes,
+            MemoryLimit::Finite(bytes) => bytes / self.ways,
             _ => usize::MAX,
         };
         // The join's hash table costs about as much again as the rows. A build side
@@ -468,7 +485,11 @@ impl JoinRun {
             .recompute_properties()
             .build()?;
         let plan: Arc<dyn ExecutionPlan> = if nested && self.level < MAX_LEVEL {
-            Arc::new(SpillingHashJoinExec::new(Arc::new(join), self.level + 1))
+            Arc::new(SpillingHashJoinExec::nested(
+                Arc::new(join),
+                self.level + 1,
+                self.ways,
+            ))
         } else {
             Arc::new(join)
         };
