@@ -161,7 +161,7 @@ fn all_99_queries_equal_duckdb_and_move_no_more_than_committed_at_two_budgets() 
     let mut measured = run_all(10);
     let spilled = measured.values().filter(|m| m.spill_files > 0).count();
     eprintln!("10 %: {spilled} queries spilled");
-    assert!(spilled >= 4, "too few queries spilled at 10 %: {spilled}");
+    assert!(spilled >= 5, "too few queries spilled at 10 %: {spilled}");
     measured.extend(run_all(25));
     if std::env::var_os("SCAD_SET_BOUNDS").is_some() {
         write_bounds(&measured);

@@ -6,13 +6,11 @@
 //! when its memory runs short, then a final one), and [`SpillingAggregateExec`] wraps
 //! the final phase (or a single-phase aggregate over plain GROUP BY keys): it reads
 //! its input while its reservation grows; if the whole input fits, the wrapped
-//! aggregate runs as is on the rows read. If not, the input is split by the hash of
-//! its group keys into partitions, as many kept in memory as fit and the largest
-//! spilled to memory elements (as the hybrid hash join's build side); the wrapped
-//! aggregate runs over the partitions in memory, then over each spilled partition,
-//! again through a spilling aggregate with a new hash seed, so that only a partition
-//! still too large is split again. Every group lands in exactly one partition, so the
-//! answer is DataFusion's.
+//! aggregate runs as is on the rows read. If not, the input is hash-partitioned on the
+//! group keys into spill files in memory elements, and the wrapped aggregate runs
+//! partition by partition, each again through a spilling aggregate with a new hash
+//! seed, so a partition that is still too large is split again. Every group lands in
+//! exactly one partition, so the answer is DataFusion's.
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,8 +19,8 @@ use arrow_array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
-use datafusion::execution::{SpillFile, TaskContext};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -38,8 +36,8 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, HybridPartitions, OneShotExec, Partitioner,
-    FANOUT, MAX_LEVEL,
+    level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec, FANOUT,
+    MAX_LEVEL,
 };
 use super::operator::replace_each;
 
@@ -251,51 +249,23 @@ impl AggregateRun {
                 .with_input(Arc::new(OneShotExec::new(input_schema, rows)))?;
             return inner.execute(0, self.context.clone());
         };
-        // Too large: a hybrid partitioning by group key, as a join's build side
-        // (partitions that fit stay in memory, the largest spill).
+        // Too large: partition the input into memory elements by group key.
+        self.spilled_partitions.add(FANOUT);
         let keys = agg.group_expr().input_exprs();
         let spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),
             SpillMetrics::new(&self.exec.metrics, self.partition),
             input_schema.clone(),
         ));
-        let mut partitions = HybridPartitions::new(
-            Partitioner::new(keys, level_seed(self.exec.level), FANOUT),
-            spill.clone(),
+        let buffered = futures::stream::iter(held.into_iter().chain([first_overflow]).map(Ok));
+        let files = spill_partitioned(
+            &spill,
+            &keys,
+            level_seed(self.exec.level),
             "hash aggregate",
-            MemoryConsumer::new(format!(
-                "SpillingAggregate[{}] partitions level {}",
-                self.partition, self.exec.level
-            ))
-            .with_can_spill(true)
-            .register(self.context.memory_pool()),
-            cap.saturating_sub(floor),
-            state_cost,
-        );
-        for batch in held.into_iter().chain([first_overflow]) {
-            // The batch moves from the rows read to its partitions (the room kept
-            // stays).
-            reservation.shrink(state_cost(&batch).min(reservation.size().saturating_sub(floor)));
-            partitions.push(&batch)?;
-        }
-        while let Some(batch) = input.next().await {
-            partitions.push(&batch?)?;
-        }
-        drop(input);
-        let partitioned = partitions.finish()?;
-        let spilled: Vec<_> = partitioned
-            .files
-            .into_iter()
-            .zip(&partitioned.spilled)
-            .filter(|(_, &s)| s)
-            .map(|(file, _)| Part::Spilled(file))
-            .collect();
-        self.spilled_partitions.add(spilled.len());
-        let mut parts = Vec::with_capacity(spilled.len() + 1);
-        if !partitioned.held.is_empty() {
-            parts.push(Part::Held(partitioned.held, partitioned.reservation));
-        }
-        parts.extend(spilled);
+            buffered.chain(input),
+        )
+        .await?;
         reservation.shrink(reservation.size().saturating_sub(floor));
         let schema = agg.schema();
         let level = self.exec.level;
@@ -304,17 +274,13 @@ impl AggregateRun {
         let batch_rows = context.session_config().batch_size();
         let reservation = Arc::new(reservation);
         let runs =
-            futures::stream::iter(parts).map(move |part| -> DfResult<SendableRecordBatchStream> {
-                let schema = spill.schema().clone();
-                let (rows, nested) = match part {
-                    Part::Held(rows, held) => (
-                        reserved_stream(schema.clone(), rows, held, state_cost),
-                        false,
-                    ),
-                    Part::Spilled(file) => (partition_stream(&spill, file, batch_rows)?, true),
-                };
-                let inner = exec.with_input(Arc::new(OneShotExec::new(schema, rows)))?;
-                let plan: Arc<dyn ExecutionPlan> = if nested && level < MAX_LEVEL {
+            futures::stream::iter(files).map(move |file| -> DfResult<SendableRecordBatchStream> {
+                let leaf = OneShotExec::new(
+                    spill.schema().clone(),
+                    partition_stream(&spill, file, batch_rows)?,
+                );
+                let inner = exec.with_input(Arc::new(leaf))?;
+                let plan: Arc<dyn ExecutionPlan> = if level < MAX_LEVEL {
                     Arc::new(SpillingAggregateExec::new(inner, level + 1))
                 } else {
                     inner
@@ -344,13 +310,6 @@ impl AggregateRun {
             runs.try_flatten(),
         )))
     }
-}
-
-/// What a partitioned aggregate runs on, one after another: the partitions kept in
-/// memory (their rows under their reservation), then each spilled partition.
-enum Part {
-    Held(Vec<RecordBatch>, MemoryReservation),
-    Spilled(Option<Arc<dyn SpillFile>>),
 }
 
 /// The most an aggregate keeps for itself before its input runs (a sixteenth of

@@ -1,9 +1,8 @@
 //! What the spilling operators share (the hash join and the aggregate): rows read
 //! under a reservation handed on as a stream that gives the memory back as it goes,
-//! hybrid hash partitioning (partitions kept in memory while they fit, the largest
-//! spilled to memory elements) and the routing of a join's probe side by those
-//! partitions, spill files read back in full batches, and a leaf that feeds a
-//! prepared stream to a wrapped DataFusion operator.
+//! hash partitioning of a stream into spill files in memory elements (grace
+//! partitioning), and a leaf that feeds a prepared stream to a wrapped DataFusion
+//! operator.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -194,20 +193,17 @@ pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DfResult<RecordB
     )?)
 }
 
-/// A finished spill file (`None`: nothing was written).
-type Finished = DfResult<Option<Arc<dyn SpillFile>>>;
-
 /// A spill file being written batch by batch (DataFusion's in-progress spill file,
 /// whose type is not public).
 pub(crate) trait PartitionWriter: Send {
     fn append(&mut self, batch: &RecordBatch) -> DfResult<()>;
-    fn finish(&mut self) -> Finished;
+    fn finish(&mut self) -> DfResult<Option<Arc<dyn SpillFile>>>;
 }
 
 struct InProgress<F> {
     file: F,
     append: fn(&mut F, &RecordBatch) -> DfResult<usize>,
-    finish: fn(&mut F) -> Finished,
+    finish: fn(&mut F) -> DfResult<Option<Arc<dyn SpillFile>>>,
 }
 
 impl<F: Send> PartitionWriter for InProgress<F> {
@@ -215,7 +211,7 @@ impl<F: Send> PartitionWriter for InProgress<F> {
         (self.append)(&mut self.file, batch).map(|_| ())
     }
 
-    fn finish(&mut self) -> Finished {
+    fn finish(&mut self) -> DfResult<Option<Arc<dyn SpillFile>>> {
         (self.finish)(&mut self.file)
     }
 }
@@ -246,10 +242,37 @@ fn finish_all(
         .collect()
 }
 
-/// An input split by key hash into partitions kept in memory while a reservation
-/// (up to a cap) takes them; when it does not, the largest partition in memory is
-/// written to a spill file and every later row of it follows there (a hybrid hash
-/// join's build phase, a spilling aggregate's input).
+/// Writes the batches of `input` into [`FANOUT`] spill files by the hash (seeded
+/// with `seed`) of their `keys`; returns the files (`None` for a partition without
+/// rows). Every row with the same key values lands in the same partition.
+pub(crate) async fn spill_partitioned<S>(
+    spill: &SpillManager,
+    keys: &[Arc<dyn PhysicalExpr>],
+    seed: u64,
+    what: &str,
+    mut input: S,
+) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>>
+where
+    S: futures::Stream<Item = DfResult<RecordBatch>> + Unpin,
+{
+    let mut partitioner = Partitioner::new(keys.to_vec(), seed, FANOUT);
+    let mut writers: Vec<Option<Box<dyn PartitionWriter>>> = (0..FANOUT).map(|_| None).collect();
+    while let Some(batch) = input.next().await {
+        for (p, part) in partitioner.split(&batch?)? {
+            let writer = match &mut writers[p] {
+                Some(w) => w,
+                slot => slot.insert(partition_writer(spill, what)?),
+            };
+            writer.append(&part)?;
+        }
+    }
+    finish_all(writers)
+}
+
+/// A build side split by key hash into partitions kept in memory while a
+/// reservation (up to a cap) takes them; when it does not, the largest partition in
+/// memory is written to a spill file and every later row of it follows there (a
+/// hybrid hash join's build phase).
 pub(crate) struct HybridPartitions {
     partitioner: Partitioner,
     spill: Arc<SpillManager>,

@@ -32,6 +32,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryRese
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
@@ -311,10 +312,15 @@ impl JoinRun {
                 false,
             );
         }
+        // Operators below the probe side that hold memory of their own (joins,
+        // final aggregates, sorts, windows) run only once the probe side is read:
+        // rows kept here meanwhile would starve them. Then the build side is
+        // spilled whole and its memory given back first.
+        let probe_holds_memory = holds_memory(self.join.right().as_ref());
         // The build side is large. Estimates said it was the smaller side, but they
         // can be far off: if the probe side turns out to fit, the roles swap and
         // nothing spills.
-        let probe = if self.swappable() {
+        let probe = if self.swappable() && !probe_holds_memory {
             let probe = Prefix::read(&mut right, self.consumer("probe"), limit / 4).await?;
             if probe.overflow.is_none() {
                 self.swapped_roles.add(1);
@@ -353,7 +359,7 @@ impl JoinRun {
             left_spill.clone(),
             "hash join build",
             self.consumer("build partitions"),
-            limit / 2,
+            if probe_holds_memory { 0 } else { limit / 2 },
             build_cost,
         );
         // The rows read so far are handed to the partitions one by one, each giving
@@ -495,6 +501,32 @@ impl JoinRun {
         };
         plan.execute(0, self.context.clone())
     }
+}
+
+/// Whether running `plan` holds memory beyond a batch at a time: a join's build
+/// side, a final aggregate's groups, a sort's runs, a window's partitions.
+fn holds_memory(plan: &dyn ExecutionPlan) -> bool {
+    let own = match plan.downcast_ref::<AggregateExec>() {
+        // Partial aggregates emit early when memory runs short.
+        Some(agg) => *agg.mode() != AggregateMode::Partial,
+        None => matches!(
+            plan.name(),
+            "HashJoinExec"
+                | "SpillingHashJoinExec"
+                | "SortMergeJoinExec"
+                | "NestedLoopJoinExec"
+                | "CrossJoinExec"
+                | "SymmetricHashJoinExec"
+                | "SortExec"
+                | "SpillingAggregateExec"
+                | "WindowAggExec"
+                | "PartitionedWindowExec"
+        ),
+    };
+    own || plan
+        .children()
+        .into_iter()
+        .any(|c| holds_memory(c.as_ref()))
 }
 
 /// The first `rows` rows of `input`.
@@ -666,6 +698,20 @@ mod tests {
             out.stats().spill_bytes_read,
             "{text}"
         );
+    }
+
+    #[test]
+    fn probe_sides_with_their_own_breakers_are_told_apart_from_pipelines() {
+        let (env, frames) = env_and_frames();
+        let session = QuerySession::with_partitions(&env.with_budget(1 << 20), 1).unwrap();
+        for (name, frame) in &frames {
+            session.register(name, frame).unwrap();
+        }
+        let holds = |sql: &str| holds_memory(session.plan(sql).unwrap().1.as_ref());
+        assert!(!holds("SELECT b_key, b_val + 1 FROM big WHERE b_val > 3"));
+        assert!(holds("SELECT b_val, sum(b_pad) FROM big GROUP BY b_val"));
+        assert!(holds("SELECT b_key FROM big ORDER BY b_pad"));
+        assert!(holds(SQL));
     }
 
     #[test]
