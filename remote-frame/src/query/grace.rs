@@ -193,17 +193,20 @@ pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DfResult<RecordB
     )?)
 }
 
+/// A finished spill file (`None`: nothing was written).
+type Finished = DfResult<Option<Arc<dyn SpillFile>>>;
+
 /// A spill file being written batch by batch (DataFusion's in-progress spill file,
 /// whose type is not public).
 pub(crate) trait PartitionWriter: Send {
     fn append(&mut self, batch: &RecordBatch) -> DfResult<()>;
-    fn finish(&mut self) -> DfResult<Option<Arc<dyn SpillFile>>>;
+    fn finish(&mut self) -> Finished;
 }
 
 struct InProgress<F> {
     file: F,
     append: fn(&mut F, &RecordBatch) -> DfResult<usize>,
-    finish: fn(&mut F) -> DfResult<Option<Arc<dyn SpillFile>>>,
+    finish: fn(&mut F) -> Finished,
 }
 
 impl<F: Send> PartitionWriter for InProgress<F> {
@@ -211,7 +214,7 @@ impl<F: Send> PartitionWriter for InProgress<F> {
         (self.append)(&mut self.file, batch).map(|_| ())
     }
 
-    fn finish(&mut self) -> DfResult<Option<Arc<dyn SpillFile>>> {
+    fn finish(&mut self) -> Finished {
         (self.finish)(&mut self.file)
     }
 }

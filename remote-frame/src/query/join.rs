@@ -459,19 +459,23 @@ impl JoinRun {
         left: SendableRecordBatchStream,
         right: SendableRecordBatchStream,
     ) -> DfResult<SendableRecordBatchStream> {
-        let join = self
-            .join
+        let join = self.over(
+            OneShotExec::new(left.schema(), left),
+            OneShotExec::new(right.schema(), right),
+        )?;
+        join.swap_inputs(PartitionMode::CollectLeft)?
+            .execute(0, self.context.clone())
+    }
+
+    /// The wrapped join over one-partition inputs.
+    fn over(&self, left: OneShotExec, right: OneShotExec) -> DfResult<HashJoinExec> {
+        self.join
             .builder()
-            .with_new_children(vec![
-                Arc::new(OneShotExec::new(left.schema(), left)),
-                Arc::new(OneShotExec::new(right.schema(), right)),
-            ])?
+            .with_new_children(vec![Arc::new(left), Arc::new(right)])?
             .with_partition_mode(PartitionMode::CollectLeft)
             .reset_state()
             .recompute_properties()
-            .build()?;
-        join.swap_inputs(PartitionMode::CollectLeft)?
-            .execute(0, self.context.clone())
+            .build()
     }
 
     /// Runs the wrapped join on one-partition inputs; `nested` wraps it again one
@@ -482,14 +486,7 @@ impl JoinRun {
         right: OneShotExec,
         nested: bool,
     ) -> DfResult<SendableRecordBatchStream> {
-        let join = self
-            .join
-            .builder()
-            .with_new_children(vec![Arc::new(left), Arc::new(right)])?
-            .with_partition_mode(PartitionMode::CollectLeft)
-            .reset_state()
-            .recompute_properties()
-            .build()?;
+        let join = self.over(left, right)?;
         let plan: Arc<dyn ExecutionPlan> = if nested && self.level < MAX_LEVEL {
             Arc::new(SpillingHashJoinExec::nested(
                 Arc::new(join),
