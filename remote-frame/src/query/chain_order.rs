@@ -422,6 +422,95 @@ mod tests {
 
     use super::*;
 
+    /// The deepest join's keys in `plan` (EXPLAIN text).
+    fn deepest_join_keys(plan: &str) -> String {
+        plan.lines()
+            .rfind(|l| l.contains("HashJoinExec"))
+            .and_then(|l| l.split("on=[").nth(1))
+            .and_then(|t| t.split(']').next())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    #[test]
+    fn with_two_large_relations_the_one_its_filters_shrink_is_joined_first() {
+        use crate::env::FrameEnv;
+        use crate::frame::RemoteFrame;
+        use crate::query::QuerySession;
+        use polars::prelude::df;
+        use scad_core::transport::LocalTransport;
+        use scad_remote_array::MemoryElements;
+        use std::sync::Arc;
+
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add("mem0", Arc::new(LocalTransport::new(64 << 20).unwrap()))
+            .unwrap();
+        let env = FrameEnv::new(elements);
+        // q72's shape: inventory (the largest) and sales share the item; the sales'
+        // dimensions are filtered; a join filter compares the two facts.
+        let inv = df!(
+            "inv_item" => (0..40_000i64).map(|i| i % 100).collect::<Vec<_>>(),
+            "inv_week" => (0..40_000i64).map(|i| i % 40).collect::<Vec<_>>(),
+            "inv_qty" => (0..40_000i64).map(|i| i % 17).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let cs = df!(
+            "cs_item" => (0..20_000i64).map(|i| i % 100).collect::<Vec<_>>(),
+            "cs_day" => (0..20_000i64).map(|i| i % 280).collect::<Vec<_>>(),
+            "cs_hd" => (0..20_000i64).map(|i| i % 70).collect::<Vec<_>>(),
+            "cs_cd" => (0..20_000i64).map(|i| i % 90).collect::<Vec<_>>(),
+            "cs_qty" => (0..20_000i64).map(|i| i % 13).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let day = df!(
+            "d_day" => (0..280i64).collect::<Vec<_>>(),
+            "d_week" => (0..280i64).map(|i| i / 7).collect::<Vec<_>>(),
+            "d_year" => (0..280i64).map(|i| i / 56).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let hd = df!("hd_sk" => (0..70i64).collect::<Vec<_>>(), "hd_kind" => (0..70i64).map(|i| i % 6).collect::<Vec<_>>()).unwrap();
+        let cd = df!("cd_sk" => (0..90i64).collect::<Vec<_>>(), "cd_kind" => (0..90i64).map(|i| i % 5).collect::<Vec<_>>()).unwrap();
+        let session = QuerySession::new(&env).unwrap();
+        for (name, frame) in [
+            ("inv", inv),
+            ("cs", cs),
+            ("day", day),
+            ("hd", hd),
+            ("cd", cd),
+        ] {
+            session
+                .register(name, &RemoteFrame::from_polars(&env, &frame).unwrap())
+                .unwrap();
+        }
+        let sql = "SELECT count(*) AS n FROM cs \
+                   JOIN inv ON cs_item = inv_item \
+                   JOIN day ON cs_day = d_day \
+                   JOIN hd ON cs_hd = hd_sk \
+                   JOIN cd ON cs_cd = cd_sk \
+                   WHERE inv_qty < cs_qty AND inv_week = d_week \
+                   AND d_year = 2 AND hd_kind = 1 AND cd_kind = 3";
+        let plan = session.explain(sql).unwrap();
+        // Started from inventory, the sales would meet it through the item alone,
+        // before any of their filters.
+        let keys = deepest_join_keys(&plan);
+        assert!(!keys.contains("inv_"), "inventory is joined first: {plan}");
+        assert!(keys.contains("cs_"), "{plan}");
+        // The answer, counted by hand.
+        let mut want = 0i64;
+        for c in 0..20_000i64 {
+            let (item, day, hd, cd, qty) = (c % 100, c % 280, c % 70, c % 90, c % 13);
+            if day / 56 != 2 || hd % 6 != 1 || cd % 5 != 3 {
+                continue;
+            }
+            want += (0..40_000i64)
+                .filter(|&i| i % 100 == item && i % 40 == day / 7 && i % 17 < qty)
+                .count() as i64;
+        }
+        let got = session.sql(sql).unwrap().to_polars().unwrap();
+        assert_eq!(got.column("n").unwrap().i64().unwrap().get(0), Some(want));
+    }
+
     #[test]
     fn equalities_keep_less_than_ranges() {
         use datafusion::logical_expr::{col, lit};
