@@ -7,4 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo run --release --quiet -p scad-tpcds --bin tpcds-main -- "$@"
+if [ ! -x "${CARGO_TARGET_DIR:-target}/release/tpcds-main" ]; then
+    echo "main: the first run builds the engine (DataFusion, Polars) in release: about 25 minutes on 2 cores; later runs start at once" >&2
+fi
+cargo run --release -p scad-tpcds --bin tpcds-main -- "$@"
