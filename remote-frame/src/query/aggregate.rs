@@ -36,8 +36,8 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec, FANOUT,
-    MAX_LEVEL,
+    level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec,
+    AGGREGATE_FANOUT, MAX_LEVEL,
 };
 use super::operator::replace_each;
 
@@ -250,7 +250,7 @@ impl AggregateRun {
             return inner.execute(0, self.context.clone());
         };
         // Too large: partition the input into memory elements by group key.
-        self.spilled_partitions.add(FANOUT);
+        self.spilled_partitions.add(AGGREGATE_FANOUT);
         let keys = agg.group_expr().input_exprs();
         let spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),

@@ -26,11 +26,17 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-/// Partitions a spilling operator splits its input into when it does not fit. A
-/// hybrid join keeps the partitions that fit in memory, so many partitions cost
-/// little; with this many, an input up to this many times the operator's memory
-/// share is partitioned once.
-pub(crate) const FANOUT: usize = 64;
+/// Partitions a hybrid hash join splits its build side into when it does not fit.
+/// The partitions that fit stay in memory, so many partitions cost little; with
+/// this many, a build side up to this many times the join's memory share is
+/// partitioned once.
+pub(crate) const JOIN_FANOUT: usize = 64;
+
+/// Partitions a spilling aggregate splits its input into. It spills all of them,
+/// and every partition costs a pass of the wrapped aggregate and cuts each input
+/// batch into smaller pieces: 64 made the operator benchmark's group-by 3-5x slower
+/// than 16.
+pub(crate) const AGGREGATE_FANOUT: usize = 16;
 
 /// Levels of re-partitioning before a partition is handed to the wrapped operator as
 /// is (which may then spill on its own, or fail with the pool's out-of-memory error
@@ -245,7 +251,7 @@ fn finish_all(
         .collect()
 }
 
-/// Writes the batches of `input` into [`FANOUT`] spill files by the hash (seeded
+/// Writes the batches of `input` into [`AGGREGATE_FANOUT`] spill files by the hash (seeded
 /// with `seed`) of their `keys`; returns the files (`None` for a partition without
 /// rows). Every row with the same key values lands in the same partition.
 pub(crate) async fn spill_partitioned<S>(
@@ -258,8 +264,9 @@ pub(crate) async fn spill_partitioned<S>(
 where
     S: futures::Stream<Item = DfResult<RecordBatch>> + Unpin,
 {
-    let mut partitioner = Partitioner::new(keys.to_vec(), seed, FANOUT);
-    let mut writers: Vec<Option<Box<dyn PartitionWriter>>> = (0..FANOUT).map(|_| None).collect();
+    let mut partitioner = Partitioner::new(keys.to_vec(), seed, AGGREGATE_FANOUT);
+    let mut writers: Vec<Option<Box<dyn PartitionWriter>>> =
+        (0..AGGREGATE_FANOUT).map(|_| None).collect();
     while let Some(batch) = input.next().await {
         for (p, part) in partitioner.split(&batch?)? {
             let writer = match &mut writers[p] {

@@ -8,7 +8,7 @@
 //!   roles swap: the probe side is built, the build side probes. Build sides are
 //!   chosen on estimates, which can be far off; this costs no spilling at all;
 //! - otherwise it is a hybrid hash join: the build side is split by key hash into
-//!   [`FANOUT`] partitions, as many kept in memory as fit and the largest
+//!   [`JOIN_FANOUT`] partitions, as many kept in memory as fit and the largest
 //!   spilled to memory elements when memory runs short; the probe side's rows of
 //!   partitions in memory are joined at once, those of spilled partitions written
 //!   to a spill file per partition; then each spilled partition is joined from its
@@ -48,7 +48,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
     level_seed, partition_stream, reserved_stream, HybridPartitions, OneShotExec, Partitioner,
-    ProbeRouter, FANOUT, MAX_LEVEL,
+    ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::operator::replace_each;
 
@@ -355,7 +355,7 @@ impl JoinRun {
             overflow,
         } = build;
         let mut partitions = HybridPartitions::new(
-            Partitioner::new(left_keys, seed, FANOUT),
+            Partitioner::new(left_keys, seed, JOIN_FANOUT),
             left_spill.clone(),
             "hash join build",
             self.consumer("build partitions"),
@@ -380,7 +380,7 @@ impl JoinRun {
         };
         let router = Arc::new(AsyncMutex::new(ProbeRouter::new(
             right,
-            Partitioner::new(right_keys, seed, FANOUT),
+            Partitioner::new(right_keys, seed, JOIN_FANOUT),
             build.spilled.clone(),
             right_spill.clone(),
             "hash join probe",
@@ -687,7 +687,7 @@ mod tests {
         assert_eq!(join_metric(&out, "swapped_roles"), 0, "{text}");
         // Some partitions stay in memory; each spilled one is one file a side, no
         // partition is split again.
-        assert!(spilled > 0 && spilled < FANOUT, "{spilled}: {text}");
+        assert!(spilled > 0 && spilled < JOIN_FANOUT, "{spilled}: {text}");
         assert_eq!(out.stats().spill_files, 2 * spilled as u64, "{text}");
         // Every spilled row is written once and read once.
         assert_eq!(
