@@ -321,3 +321,75 @@ const FLOOR_CAP: usize = 8 << 20;
 fn state_cost(batch: &RecordBatch) -> usize {
     2 * batch.get_array_memory_size()
 }
+
+#[cfg(test)]
+mod tests {
+    use polars::prelude::{df, ChunkAgg, SortMultipleOptions};
+    use scad_core::transport::LocalTransport;
+    use scad_remote_array::MemoryElements;
+
+    use super::*;
+    use crate::env::FrameEnv;
+    use crate::frame::RemoteFrame;
+    use crate::query::{QueryOutput, QuerySession};
+
+    const ROWS: i64 = 60_000;
+    const GROUPS: i64 = 20_000;
+    const SQL: &str = "SELECT g, count(*) AS n, sum(v) AS s FROM t GROUP BY g";
+
+    fn env_and_table() -> (FrameEnv, RemoteFrame) {
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add("mem0", Arc::new(LocalTransport::new(128 << 20).unwrap()))
+            .unwrap();
+        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        let t = df!(
+            "g" => (0..ROWS).map(|i| i * 7 % GROUPS).collect::<Vec<_>>(),
+            "v" => (0..ROWS).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let frame = RemoteFrame::from_polars(&env, &t).unwrap();
+        (env, frame)
+    }
+
+    fn run(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> (QueryOutput, u64) {
+        let env = budget.map_or_else(|| env.clone(), |b| env.with_budget(b));
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        session.register("t", t).unwrap();
+        let out = session.sql(SQL).unwrap();
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        let got = out
+            .to_polars()
+            .unwrap()
+            .sort(["g"], SortMultipleOptions::default())
+            .unwrap();
+        // Every group: three rows (i, i + GROUPS, i + 2 GROUPS share i * 7 % GROUPS).
+        assert_eq!(got.height(), GROUPS as usize);
+        let n = got.column("n").unwrap().i64().unwrap();
+        assert_eq!((n.min(), n.max()), (Some(3), Some(3)));
+        let s = got.column("s").unwrap().i64().unwrap();
+        assert_eq!(s.sum(), Some((0..ROWS).sum::<i64>()));
+        let spilled = out.stats().spill_files;
+        (out, spilled)
+    }
+
+    #[test]
+    fn an_aggregate_spills_only_what_does_not_fit_and_answers_the_same() {
+        let (env, t) = env_and_table();
+        let (_, unlimited) = run(&env, &t, None);
+        assert_eq!(unlimited, 0);
+        // Room for all groups: nothing spills.
+        let (_, roomy) = run(&env, &t, Some(64 << 20));
+        assert_eq!(roomy, 0);
+        // Too little: the final phase's input is partitioned once into its 16
+        // partitions, each written to one file (the partitions fit then).
+        let (out, tight) = run(&env, &t, Some(2 << 20));
+        assert_eq!(tight, AGGREGATE_FANOUT as u64, "{}", out.explain_analyze());
+        assert_eq!(
+            out.stats().spill_bytes_written,
+            out.stats().spill_bytes_read,
+            "{}",
+            out.explain_analyze()
+        );
+    }
+}
