@@ -259,7 +259,7 @@ impl AggregateRun {
         ));
         let buffered = futures::stream::iter(held.into_iter().chain([first_overflow]).map(Ok));
         let files = spill_partitioned(
-            &spill,
+            spill.clone(),
             &keys,
             level_seed(self.exec.level),
             "hash aggregate",

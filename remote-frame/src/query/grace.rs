@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray, UInt32Array};
+use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 use datafusion::arrow::compute::{take_record_batch, BatchCoalescer};
 use datafusion::common::hash_utils::{create_hashes, RandomState};
@@ -25,6 +25,8 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 use futures::StreamExt;
+
+use super::owned::compact_views;
 
 /// Partitions a hybrid hash join splits its build side into when it does not fit.
 /// The partitions that fit stay in memory, so many partitions cost little; with
@@ -182,21 +184,7 @@ impl Partitioner {
 /// The rows `rows` of `batch`, owning their values (a view array's pieces would
 /// otherwise keep, and be sized and spilled as, all of its data buffers).
 pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DfResult<RecordBatch> {
-    let taken = take_record_batch(batch, &UInt32Array::from(rows))?;
-    let columns = taken
-        .columns()
-        .iter()
-        .map(|c| match c.as_any().downcast_ref::<StringViewArray>() {
-            Some(views) => Arc::new(views.gc()) as ArrayRef,
-            None => c.clone(),
-        })
-        .collect();
-    let options = RecordBatchOptions::new().with_row_count(Some(taken.num_rows()));
-    Ok(RecordBatch::try_new_with_options(
-        taken.schema(),
-        columns,
-        &options,
-    )?)
+    compact_views(&take_record_batch(batch, &UInt32Array::from(rows))?)
 }
 
 /// A finished spill file (`None`: nothing was written).
@@ -204,7 +192,7 @@ type Finished = DfResult<Option<Arc<dyn SpillFile>>>;
 
 /// A spill file being written batch by batch (DataFusion's in-progress spill file,
 /// whose type is not public).
-pub(crate) trait PartitionWriter: Send {
+trait PartitionWriter: Send {
     fn append(&mut self, batch: &RecordBatch) -> DfResult<()>;
     fn finish(&mut self) -> Finished;
 }
@@ -226,10 +214,7 @@ impl<F: Send> PartitionWriter for InProgress<F> {
 }
 
 /// A new spill file of `spill`'s schema, described as `what`.
-pub(crate) fn partition_writer(
-    spill: &SpillManager,
-    what: &str,
-) -> DfResult<Box<dyn PartitionWriter>> {
+fn partition_writer(spill: &SpillManager, what: &str) -> DfResult<Box<dyn PartitionWriter>> {
     Ok(Box::new(InProgress {
         file: spill.create_in_progress_file(what)?,
         append: |f, b| f.append_batch(b),
@@ -237,25 +222,55 @@ pub(crate) fn partition_writer(
     }))
 }
 
-/// Finishes every writer: the spill file of each partition (`None` where nothing
-/// was written).
-fn finish_all(
+/// One spill file per partition, each opened when its partition's first rows are
+/// written.
+struct PartitionFiles {
+    spill: Arc<SpillManager>,
+    what: String,
     writers: Vec<Option<Box<dyn PartitionWriter>>>,
-) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>> {
-    writers
-        .into_iter()
-        .map(|w| match w {
-            Some(mut w) => w.finish(),
-            None => Ok(None),
-        })
-        .collect()
+}
+
+impl PartitionFiles {
+    /// `fanout` partitions' files of `spill`'s schema, described as `what`.
+    fn new(spill: Arc<SpillManager>, what: &str, fanout: usize) -> Self {
+        PartitionFiles {
+            spill,
+            what: what.to_owned(),
+            writers: (0..fanout).map(|_| None).collect(),
+        }
+    }
+
+    /// Whether partition `p` has a file.
+    fn has(&self, p: usize) -> bool {
+        self.writers[p].is_some()
+    }
+
+    /// Appends `batch` to partition `p`'s file.
+    fn append(&mut self, p: usize, batch: &RecordBatch) -> DfResult<()> {
+        let writer = match &mut self.writers[p] {
+            Some(w) => w,
+            slot => slot.insert(partition_writer(&self.spill, &self.what)?),
+        };
+        writer.append(batch)
+    }
+
+    /// The spill file of each partition (`None` where nothing was written).
+    fn finish(&mut self) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>> {
+        std::mem::take(&mut self.writers)
+            .into_iter()
+            .map(|w| match w {
+                Some(mut w) => w.finish(),
+                None => Ok(None),
+            })
+            .collect()
+    }
 }
 
 /// Writes the batches of `input` into [`AGGREGATE_FANOUT`] spill files by the hash (seeded
 /// with `seed`) of their `keys`; returns the files (`None` for a partition without
 /// rows). Every row with the same key values lands in the same partition.
 pub(crate) async fn spill_partitioned<S>(
-    spill: &SpillManager,
+    spill: Arc<SpillManager>,
     keys: &[Arc<dyn PhysicalExpr>],
     seed: u64,
     what: &str,
@@ -265,18 +280,13 @@ where
     S: futures::Stream<Item = DfResult<RecordBatch>> + Unpin,
 {
     let mut partitioner = Partitioner::new(keys.to_vec(), seed, AGGREGATE_FANOUT);
-    let mut writers: Vec<Option<Box<dyn PartitionWriter>>> =
-        (0..AGGREGATE_FANOUT).map(|_| None).collect();
+    let mut files = PartitionFiles::new(spill, what, AGGREGATE_FANOUT);
     while let Some(batch) = input.next().await {
         for (p, part) in partitioner.split(&batch?)? {
-            let writer = match &mut writers[p] {
-                Some(w) => w,
-                slot => slot.insert(partition_writer(spill, what)?),
-            };
-            writer.append(&part)?;
+            files.append(p, &part)?;
         }
     }
-    finish_all(writers)
+    files.finish()
 }
 
 /// A build side split by key hash into partitions kept in memory while a
@@ -285,11 +295,10 @@ where
 /// hybrid hash join's build phase).
 pub(crate) struct HybridPartitions {
     partitioner: Partitioner,
-    spill: Arc<SpillManager>,
-    what: String,
     held: Vec<Vec<RecordBatch>>,
     held_bytes: Vec<usize>,
-    writers: Vec<Option<Box<dyn PartitionWriter>>>,
+    /// The spilled partitions' files (a partition with a file is spilled).
+    files: PartitionFiles,
     reservation: MemoryReservation,
     cap: usize,
     cost: fn(&RecordBatch) -> usize,
@@ -320,11 +329,9 @@ impl HybridPartitions {
         let fanout = partitioner.fanout();
         HybridPartitions {
             partitioner,
-            spill,
-            what: what.to_owned(),
             held: (0..fanout).map(|_| Vec::new()).collect(),
             held_bytes: vec![0; fanout],
-            writers: (0..fanout).map(|_| None).collect(),
+            files: PartitionFiles::new(spill, what, fanout),
             reservation,
             cap,
             cost,
@@ -334,8 +341,8 @@ impl HybridPartitions {
     /// Adds the rows of `batch` to their partitions.
     pub(crate) fn push(&mut self, batch: &RecordBatch) -> DfResult<()> {
         for (p, part) in self.partitioner.split(batch)? {
-            if let Some(writer) = &mut self.writers[p] {
-                writer.append(&part)?;
+            if self.files.has(p) {
+                self.files.append(p, &part)?;
                 continue;
             }
             let need = (self.cost)(&part);
@@ -350,15 +357,13 @@ impl HybridPartitions {
                 // The largest partition in memory goes to memory elements (this
                 // one if it is the largest, or if no other holds anything).
                 let victim = (0..self.held.len())
-                    .filter(|&q| self.writers[q].is_none())
+                    .filter(|&q| !self.files.has(q))
                     .max_by_key(|&q| self.held_bytes[q])
                     .filter(|&q| self.held_bytes[q] > 0)
                     .unwrap_or(p);
                 self.spill_partition(victim)?;
                 if victim == p {
-                    if let Some(writer) = &mut self.writers[p] {
-                        writer.append(&part)?;
-                    }
+                    self.files.append(p, &part)?;
                     break;
                 }
             }
@@ -367,20 +372,18 @@ impl HybridPartitions {
     }
 
     fn spill_partition(&mut self, p: usize) -> DfResult<()> {
-        let mut writer = partition_writer(&self.spill, &self.what)?;
         for batch in std::mem::take(&mut self.held[p]) {
-            writer.append(&batch)?;
+            self.files.append(p, &batch)?;
         }
         self.reservation
             .shrink(std::mem::take(&mut self.held_bytes[p]).min(self.reservation.size()));
-        self.writers[p] = Some(writer);
         Ok(())
     }
 
     /// The partitions as they stand: those in memory and the spilled ones' files.
-    pub(crate) fn finish(self) -> DfResult<PartitionedBuild> {
-        let spilled = self.writers.iter().map(Option::is_some).collect();
-        let files = finish_all(self.writers)?;
+    pub(crate) fn finish(mut self) -> DfResult<PartitionedBuild> {
+        let spilled = (0..self.held.len()).map(|p| self.files.has(p)).collect();
+        let files = self.files.finish()?;
         Ok(PartitionedBuild {
             held: self.held.into_iter().flatten().collect(),
             reservation: self.reservation,
@@ -397,10 +400,10 @@ pub(crate) struct ProbeRouter {
     input: SendableRecordBatchStream,
     partitioner: Partitioner,
     spilled: Vec<bool>,
-    spill: Arc<SpillManager>,
-    what: String,
-    writers: Vec<Option<Box<dyn PartitionWriter>>>,
-    files: Option<Vec<Option<Arc<dyn SpillFile>>>>,
+    /// The spilled partitions' probe rows.
+    files: PartitionFiles,
+    /// The files once the input ended.
+    finished: Option<Vec<Option<Arc<dyn SpillFile>>>>,
 }
 
 impl ProbeRouter {
@@ -416,10 +419,8 @@ impl ProbeRouter {
             input,
             partitioner,
             spilled,
-            spill,
-            what: what.to_owned(),
-            writers: (0..fanout).map(|_| None).collect(),
-            files: None,
+            files: PartitionFiles::new(spill, what, fanout),
+            finished: None,
         }
     }
 
@@ -427,14 +428,13 @@ impl ProbeRouter {
     /// spilled rows are then all written, and [`ProbeRouter::files`] has them).
     pub(crate) async fn next_held(&mut self) -> Option<DfResult<RecordBatch>> {
         loop {
-            if self.files.is_some() {
+            if self.finished.is_some() {
                 return None;
             }
             let Some(batch) = self.input.next().await else {
-                let writers = std::mem::take(&mut self.writers);
-                return match finish_all(writers) {
+                return match self.files.finish() {
                     Ok(files) => {
-                        self.files = Some(files);
+                        self.finished = Some(files);
                         None
                     }
                     Err(e) => Some(Err(e)),
@@ -462,12 +462,7 @@ impl ProbeRouter {
                 held_rows.extend(rows);
                 continue;
             }
-            let part = take_rows(&batch, rows)?;
-            let writer = match &mut self.writers[p] {
-                Some(w) => w,
-                slot => slot.insert(partition_writer(&self.spill, &self.what)?),
-            };
-            writer.append(&part)?;
+            self.files.append(p, &take_rows(&batch, rows)?)?;
         }
         if held_rows.is_empty() {
             return Ok(None);
@@ -485,7 +480,7 @@ impl ProbeRouter {
         while let Some(held) = self.next_held().await {
             held?;
         }
-        Ok(self.files.take().unwrap_or_default())
+        Ok(self.finished.take().unwrap_or_default())
     }
 }
 

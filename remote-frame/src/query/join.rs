@@ -349,11 +349,6 @@ impl JoinRun {
             SpillMetrics::new(&self.metrics, self.partition),
             right_schema.clone(),
         ));
-        let Prefix {
-            held,
-            reservation,
-            overflow,
-        } = build;
         let mut partitions = HybridPartitions::new(
             Partitioner::new(left_keys, seed, JOIN_FANOUT),
             left_spill.clone(),
@@ -364,9 +359,7 @@ impl JoinRun {
         );
         // The rows read so far are handed to the partitions one by one, each giving
         // its share back as it goes, so nothing is counted twice.
-        let mut rows = reserved_stream(left_schema.clone(), held, reservation, build_cost)
-            .chain(futures::stream::iter(overflow.map(Ok)))
-            .chain(left);
+        let mut rows = build.chain(left_schema.clone(), left);
         while let Some(batch) = rows.next().await {
             partitions.push(&batch?)?;
         }
@@ -418,7 +411,7 @@ impl JoinRun {
                 .into_iter()
                 .zip(probe_files)
                 .filter(|(l, _)| l.is_some());
-            let joins = futures::stream::iter(parts.collect::<Vec<_>>()).map(move |(l, r)| {
+            let joins = futures::stream::iter(parts).map(move |(l, r)| {
                 run.inner_join(
                     OneShotExec::new(
                         left_schema.clone(),

@@ -16,10 +16,24 @@ use datafusion::common::Result as DfResult;
 
 /// `batch` with every column copied into buffers of its own rows.
 pub(crate) fn owned_batch(batch: &RecordBatch) -> DfResult<RecordBatch> {
+    map_columns(batch, owned_column)
+}
+
+/// `batch` with its view arrays compacted to the strings they show; other columns
+/// as they are (a `take` already copied them).
+pub(crate) fn compact_views(batch: &RecordBatch) -> DfResult<RecordBatch> {
+    map_columns(batch, |c| Ok(compact_view(c).unwrap_or_else(|| c.clone())))
+}
+
+/// `batch` with each column replaced by `f` of it.
+fn map_columns(
+    batch: &RecordBatch,
+    f: impl FnMut(&ArrayRef) -> DfResult<ArrayRef>,
+) -> DfResult<RecordBatch> {
     let columns = batch
         .columns()
         .iter()
-        .map(owned_column)
+        .map(f)
         .collect::<DfResult<Vec<ArrayRef>>>()?;
     // A batch without columns (`count(*)` over a scan) still has its rows.
     let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
@@ -30,10 +44,18 @@ pub(crate) fn owned_batch(batch: &RecordBatch) -> DfResult<RecordBatch> {
     )?)
 }
 
+/// A view array compacted: a copy of its views would still refer to all of its
+/// data buffers. `None` for other arrays.
+fn compact_view(array: &ArrayRef) -> Option<ArrayRef> {
+    array
+        .as_any()
+        .downcast_ref::<StringViewArray>()
+        .map(|views| Arc::new(views.gc()) as ArrayRef)
+}
+
 fn owned_column(array: &ArrayRef) -> DfResult<ArrayRef> {
-    if let Some(views) = array.as_any().downcast_ref::<StringViewArray>() {
-        // A copy of a view array would still refer to all of its data buffers.
-        return Ok(Arc::new(views.gc()));
+    if let Some(compact) = compact_view(array) {
+        return Ok(compact);
     }
     let data = array.to_data();
     let mut copy = MutableArrayData::new(vec![&data], false, array.len());
