@@ -391,5 +391,51 @@ mod tests {
             "{}",
             out.explain_analyze()
         );
+        // Less again: four of those partitions are still too large and are split
+        // 16 ways each at the second level, the other twelve are not.
+        let (out, two_levels) = run(&env, &t, Some(256 << 10));
+        assert_eq!(
+            two_levels,
+            (AGGREGATE_FANOUT + 4 * AGGREGATE_FANOUT) as u64,
+            "{}",
+            out.explain_analyze()
+        );
+        assert!(out.stats().peak_local_bytes <= 256 << 10);
+    }
+
+    #[test]
+    fn a_sort_fed_by_a_spilling_aggregate_leaves_its_partitions_room() {
+        // More groups than the budget holds, sorted as a whole above the aggregate:
+        // the sort fills the pool while partitions are still to be aggregated (with
+        // a plain greedy pool the next partition's hash table got no memory at all).
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add("mem0", Arc::new(LocalTransport::new(256 << 20).unwrap()))
+            .unwrap();
+        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        let rows: i64 = 400_000;
+        let groups: i64 = 200_000;
+        let t = df!(
+            "g" => (0..rows).map(|i| i * 7 % groups).collect::<Vec<_>>(),
+            "v" => (0..rows).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let t = RemoteFrame::from_polars(&env, &t).unwrap();
+        let env = env.with_budget(2 << 20);
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        session.register("t", &t).unwrap();
+        let out = session
+            .sql("SELECT g, sum(v) AS s FROM t GROUP BY g ORDER BY s, g")
+            .unwrap();
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert!(out.stats().peak_local_bytes <= 2 << 20);
+        let got = out.to_polars().unwrap();
+        assert_eq!(got.height(), groups as usize);
+        let s = got.column("s").unwrap().i64().unwrap();
+        // g = i * 7 % groups takes rows i and i + groups: s = 2i + groups for the
+        // i with that g, so the sums are groups, groups + 2, ... in order.
+        let want: Vec<i64> = (0..groups).map(|i| 2 * i + groups).collect();
+        assert_eq!(s.into_no_null_iter().collect::<Vec<_>>(), want);
+        assert!(out.stats().spill_files > 0, "{}", out.explain_analyze());
     }
 }

@@ -45,6 +45,7 @@
 mod aggregate;
 mod chain_order;
 mod grace;
+mod headroom;
 mod join;
 mod join_order;
 mod lazy;
@@ -68,9 +69,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::DataFusionError;
 use datafusion::execution::disk_manager::DiskManagerBuilder;
-use datafusion::execution::memory_pool::{
-    GreedyMemoryPool, MemoryPool, TrackConsumersPool, UnboundedMemoryPool,
-};
+use datafusion::execution::memory_pool::{MemoryPool, TrackConsumersPool, UnboundedMemoryPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
@@ -84,6 +83,7 @@ use crate::env::FrameEnv;
 use crate::error::{Error, Result};
 use crate::frame::RemoteFrame;
 use crate::interop;
+use headroom::HeadroomPool;
 pub use lazy::{expr, LazyQuery};
 use peak::PeakPool;
 use scan::RemoteTable;
@@ -257,12 +257,13 @@ impl QuerySession {
             Arc::new(UnboundedMemoryPool::default())
         } else {
             let top = NonZeroUsize::new(5).unwrap_or(NonZeroUsize::MIN);
-            // First come, first served: an operator that cannot get memory spills
-            // (or, if it cannot spill, fails naming itself). DataFusion's fair pool
-            // splits a small budget into shares too small for one batch of a sort or
-            // an aggregate (q23 fails at 25 % of the largest table with it).
+            // First come, first served, but for a headroom that large spillable
+            // reservations leave to those starting up: an operator that cannot get
+            // memory spills (or, if it cannot spill, fails naming itself). DataFusion's
+            // fair pool splits a small budget into shares too small for one batch of a
+            // sort or an aggregate.
             Arc::new(TrackConsumersPool::new(
-                GreedyMemoryPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
+                HeadroomPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
                 top,
             ))
         };
@@ -454,6 +455,12 @@ impl QuerySession {
     /// spill file frees its memory when its operator is done or the query fails).
     pub fn spill_bytes_held(&self) -> u64 {
         self.spill.live_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the local budget reserved now (0 between queries: every operator
+    /// gives its reservation back when it is done or the query fails).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.pool.reserved() as u64
     }
 
     /// Waits (boundedly) until every spill file of the last query is freed: after a
