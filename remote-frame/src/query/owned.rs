@@ -25,6 +25,27 @@ pub(crate) fn compact_views(batch: &RecordBatch) -> DfResult<RecordBatch> {
     map_columns(batch, |c| Ok(compact_view(c).unwrap_or_else(|| c.clone())))
 }
 
+/// The bytes `batch`'s rows take: what [`owned_batch`] of it would hold, however
+/// much of the buffers it points into lie outside its rows. For operators that
+/// account for batches they are handed (slices of a sorted run, say) without
+/// copying them.
+pub(crate) fn rows_bytes(batch: &RecordBatch) -> usize {
+    batch.columns().iter().map(column_rows_bytes).sum()
+}
+
+fn column_rows_bytes(array: &ArrayRef) -> usize {
+    if let Some(views) = array.as_any().downcast_ref::<StringViewArray>() {
+        // The views, the strings too long to inline, and the validity bits.
+        return views.len() * 16
+            + views.total_buffer_bytes_used()
+            + views.nulls().map_or(0, |n| n.len().div_ceil(8));
+    }
+    array
+        .to_data()
+        .get_slice_memory_size()
+        .unwrap_or_else(|_| array.get_array_memory_size())
+}
+
 /// `batch` with each column replaced by `f` of it.
 fn map_columns(
     batch: &RecordBatch,
@@ -84,6 +105,18 @@ mod tests {
         assert_eq!(owned, slice);
         assert!(slice.get_array_memory_size() > 50 * owned.get_array_memory_size());
         assert!(owned.get_array_memory_size() < 40_000);
+        // The rows' bytes: 1,000 keys, their validity and offsets, "name-5xxxx".
+        assert_eq!(rows_bytes(&slice), 8_000 + 125 + 4_004 + 10_000);
+        let views = RecordBatch::try_from_iter([(
+            "v",
+            Arc::new(StringViewArray::from_iter_values(
+                (0..n).map(|i| format!("a string longer than twelve bytes {i}")),
+            )) as ArrayRef,
+        )])
+        .unwrap();
+        let long = views.slice(0, 10);
+        assert_eq!(rows_bytes(&long), 10 * 16 + 10 * 35);
+        assert!(long.get_array_memory_size() > 1_000 * rows_bytes(&long));
     }
 
     #[test]

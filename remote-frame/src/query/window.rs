@@ -42,6 +42,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::operator::replace_each;
+use super::owned::{compact_views, rows_bytes};
 
 /// The most a window reserves before its input runs.
 const WINDOW_FLOOR_CAP: usize = 32 << 20;
@@ -298,18 +299,19 @@ impl WindowRun {
     /// Takes one batch of the input (sorted on the partition keys): evaluates the
     /// partitions it completes and keeps its last one as the tail.
     fn push(&mut self, batch: RecordBatch) -> DfResult<()> {
-        self.grow(batch.get_array_memory_size(), &batch)?;
+        // The batch's own rows: it may be a slice of the sort's whole run.
+        self.grow(rows_bytes(&batch), &batch)?;
         let ranges = self.ranges(&batch)?;
         let mut complete_from = 0;
         if let Some(tail) = self.tail.take() {
             if self.same_partition(&tail, &batch)? {
                 // The batch's first partition continues the tail's.
                 let first = batch.slice(0, ranges[0].end);
-                self.grow(first.get_array_memory_size(), &tail)?;
+                self.grow(rows_bytes(&first), &tail)?;
                 let glued = concat_batches(&batch.schema(), [&tail, &first])?;
                 if ranges.len() == 1 {
                     // Still unfinished: the glued rows are the new tail.
-                    self.tail = Some(glued);
+                    self.tail = Some(compact_views(&glued)?);
                     self.keep_only_tail();
                     return Ok(());
                 }
@@ -338,7 +340,7 @@ impl WindowRun {
             })
         };
         let idx = UInt32Array::from_iter_values(rows(last.start)?..rows(last.end)?);
-        self.tail = Some(take_record_batch(&batch, &idx)?);
+        self.tail = Some(compact_views(&take_record_batch(&batch, &idx)?)?);
         self.keep_only_tail();
         Ok(())
     }
@@ -441,5 +443,91 @@ impl WindowRun {
             "window {} holds {held} rows ({} bytes) of partition {key} and cannot take more: {e}",
             self.names, self.used
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use polars::prelude::{df, DataFrame, SortMultipleOptions};
+    use scad_core::transport::LocalTransport;
+    use scad_remote_array::MemoryElements;
+
+    use crate::env::FrameEnv;
+    use crate::error::Error;
+    use crate::frame::RemoteFrame;
+    use crate::query::{QueryOutput, QuerySession};
+
+    const ROWS: i64 = 120_000;
+    /// Rows per PARTITION BY partition: partitions span input batches.
+    const PARTITION_ROWS: i64 = 1_500;
+    const SQL: &str = "SELECT g, v, s, sum(v) OVER (PARTITION BY g) AS total FROM t";
+
+    fn env_and_table() -> (FrameEnv, RemoteFrame) {
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add("mem0", Arc::new(LocalTransport::new(128 << 20).unwrap()))
+            .unwrap();
+        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        // Stored out of partition order, so the sort below the window has work.
+        let t = df!(
+            "g" => (0..ROWS).map(|i| (i * 7919 % ROWS) / PARTITION_ROWS).collect::<Vec<_>>(),
+            "v" => (0..ROWS).collect::<Vec<_>>(),
+            "s" => (0..ROWS).map(|i| format!("a string past the inline length {i}")).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let frame = RemoteFrame::from_polars(&env, &t).unwrap();
+        (env, frame)
+    }
+
+    fn run(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> QueryOutput {
+        let env = budget.map_or_else(|| env.clone(), |b| env.with_budget(b));
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        session.register("t", t).unwrap();
+        let out = session.sql(SQL).unwrap();
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(out.rows(), ROWS as usize);
+        out
+    }
+
+    fn sorted(out: &QueryOutput) -> DataFrame {
+        out.to_polars()
+            .unwrap()
+            .sort(["g", "v"], SortMultipleOptions::default())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_window_reserves_the_rows_it_is_handed_not_the_buffers_behind_them() {
+        let (env, t) = env_and_table();
+        let want = sorted(&run(&env, &t, None));
+        // The sort below hands on batches whose string views point into all of its
+        // run's buffers; sized by those buffers, every one of these budgets failed.
+        for (mib, spill_files) in [(4u64, 9), (8, 4), (12, 3)] {
+            let out = run(&env, &t, Some(mib << 20));
+            assert_eq!(sorted(&out), want, "{mib} MiB");
+            assert_eq!(out.stats().spill_files, spill_files, "{mib} MiB");
+            assert!(out.stats().peak_local_bytes <= mib << 20);
+            let window_peak = out
+                .explain_analyze()
+                .lines()
+                .find(|l| l.contains("PartitionedWindowExec"))
+                .and_then(|l| l.split("peak_mem_used=").nth(1).map(str::to_owned))
+                .unwrap_or_default();
+            assert!(window_peak.ends_with(" K]"), "{mib} MiB: {window_peak}");
+        }
+    }
+
+    #[test]
+    fn a_failed_window_query_leaves_nothing_allocated() {
+        let (env, t) = env_and_table();
+        let env = env.with_budget(1 << 20);
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        session.register("t", &t).unwrap();
+        let err = session.sql(SQL).unwrap_err();
+        assert!(matches!(err, Error::OutOfBudget { .. }), "{err}");
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "local memory left reserved");
     }
 }
