@@ -722,4 +722,36 @@ mod tests {
         session.await_spill_release();
         assert_eq!(session.spill_bytes_held(), 0, "spill files left behind");
     }
+
+    #[test]
+    fn a_partition_too_large_for_its_share_is_split_at_the_next_level() {
+        // 200,000 unique keys joined with themselves at 96 KiB: all 64 partitions
+        // spill (a file a side), and their nested joins spill again.
+        let sql = "SELECT a.k, b.v FROM t a JOIN t b ON a.k = b.k";
+        let (env, _) = env_and_frames();
+        let rows = 200_000i64;
+        let t = df!(
+            "k" => (0..rows).collect::<Vec<_>>(),
+            "v" => (0..rows).map(|i| i * 3).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let frames = vec![("t", RemoteFrame::from_polars(&env, &t).unwrap())];
+        let (_, want) = run(&env, &frames, None, sql);
+        assert_eq!(want.height(), rows as usize);
+        let (out, got) = run(&env, &frames, Some(96 << 10), sql);
+        assert!(got.equals_missing(&want));
+        let text = out.explain_analyze();
+        assert_eq!(
+            join_metric(&out, "spilled_partitions"),
+            JOIN_FANOUT,
+            "{text}"
+        );
+        assert_eq!(out.stats().spill_files, 4 * JOIN_FANOUT as u64, "{text}");
+        assert_eq!(
+            out.stats().spill_bytes_written,
+            out.stats().spill_bytes_read,
+            "{text}"
+        );
+        assert!(out.stats().peak_local_bytes <= 96 << 10);
+    }
 }
