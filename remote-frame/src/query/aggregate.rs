@@ -40,6 +40,7 @@ use super::grace::{
     AGGREGATE_FANOUT, MAX_LEVEL,
 };
 use super::operator::replace_each;
+use super::reserved_pool::ReservedPool;
 
 /// Replaces the final phase of DataFusion's hash aggregates by
 /// [`SpillingAggregateExec`] (a physical optimizer rule, added when the session has a
@@ -266,13 +267,20 @@ impl AggregateRun {
             buffered.chain(input),
         )
         .await?;
-        reservation.shrink(reservation.size().saturating_sub(floor));
+        // Of what the rows read held, a quarter of the budget stays reserved for
+        // the partitions (nothing above has had rows of this aggregate yet).
+        let room = cap / 2;
+        let keep = reservation.size().min(room.max(floor));
+        reservation.shrink(reservation.size() - keep);
         let schema = agg.schema();
         let level = self.exec.level;
         let exec = Arc::new(self.exec);
-        let context = self.context;
-        let batch_rows = context.session_config().batch_size();
-        let reservation = Arc::new(reservation);
+        let batch_rows = self.context.session_config().batch_size();
+        // The partitions run one after another in the room kept, which they hand
+        // back to this aggregate, not to the pool, as each is done.
+        let limit = self.context.memory_pool().memory_limit();
+        let lent = Arc::new(ReservedPool::new(reservation, keep, limit));
+        let context = ReservedPool::context(lent, &self.context)?;
         let runs =
             futures::stream::iter(files).map(move |file| -> DfResult<SendableRecordBatchStream> {
                 let leaf = OneShotExec::new(
@@ -285,25 +293,7 @@ impl AggregateRun {
                 } else {
                     inner
                 };
-                // The partition runs in the room kept; taken back when it is done.
-                reservation.free();
-                let rows = plan.execute(0, context.clone())?;
-                let keep = reservation.clone();
-                let pool = context.memory_pool().clone();
-                let regain = futures::stream::once(async move {
-                    // As much of the room as is free again.
-                    let free = match pool.memory_limit() {
-                        MemoryLimit::Finite(limit) => limit.saturating_sub(pool.reserved()),
-                        _ => floor,
-                    };
-                    let _ = keep.try_grow(floor.min(free));
-                })
-                .filter_map(|()| async { None });
-                let rows = Box::pin(RecordBatchStreamAdapter::new(
-                    plan.schema(),
-                    rows.chain(regain),
-                ));
-                Ok(rows)
+                plan.execute(0, context.clone())
             });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             schema,

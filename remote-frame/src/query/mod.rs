@@ -45,14 +45,15 @@
 mod aggregate;
 mod chain_order;
 mod grace;
-mod headroom;
 mod join;
 mod join_order;
+mod key_bounds;
 mod lazy;
 mod numeric;
 mod operator;
 mod owned;
 mod peak;
+mod reserved_pool;
 mod scan;
 mod spill;
 mod stage;
@@ -69,7 +70,9 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::DataFusionError;
 use datafusion::execution::disk_manager::DiskManagerBuilder;
-use datafusion::execution::memory_pool::{MemoryPool, TrackConsumersPool, UnboundedMemoryPool};
+use datafusion::execution::memory_pool::{
+    GreedyMemoryPool, MemoryPool, TrackConsumersPool, UnboundedMemoryPool,
+};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
@@ -83,7 +86,6 @@ use crate::env::FrameEnv;
 use crate::error::{Error, Result};
 use crate::frame::RemoteFrame;
 use crate::interop;
-use headroom::HeadroomPool;
 pub use lazy::{expr, LazyQuery};
 use peak::PeakPool;
 use scan::RemoteTable;
@@ -257,13 +259,13 @@ impl QuerySession {
             Arc::new(UnboundedMemoryPool::default())
         } else {
             let top = NonZeroUsize::new(5).unwrap_or(NonZeroUsize::MIN);
-            // First come, first served, but for a headroom that large spillable
-            // reservations leave to those starting up: an operator that cannot get
-            // memory spills (or, if it cannot spill, fails naming itself). DataFusion's
-            // fair pool splits a small budget into shares too small for one batch of a
-            // sort or an aggregate.
+            // First come, first served: an operator that cannot get memory spills
+            // (or, if it cannot spill, fails naming itself). DataFusion's fair pool
+            // splits a small budget into shares too small for one batch of a sort or
+            // an aggregate. Operators that run plans of their own (the spilling
+            // aggregate's partitions) lend them memory they reserved up front.
             Arc::new(TrackConsumersPool::new(
-                HeadroomPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
+                GreedyMemoryPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
                 top,
             ))
         };

@@ -503,8 +503,9 @@ mod tests {
         let (env, t) = env_and_table();
         let want = sorted(&run(&env, &t, None));
         // The sort below hands on batches whose string views point into all of its
-        // run's buffers; sized by those buffers, every one of these budgets failed.
-        for (mib, spill_files) in [(4u64, 9), (8, 4), (12, 3)] {
+        // run's buffers. Sized by those buffers, the window's peak was megabytes and
+        // the query failed at 8 and 12 MiB; sized by its rows, it is kilobytes.
+        for (mib, spill_files) in [(4u64, 7), (8, 3), (12, 2)] {
             let out = run(&env, &t, Some(mib << 20));
             assert_eq!(sorted(&out), want, "{mib} MiB");
             assert_eq!(out.stats().spill_files, spill_files, "{mib} MiB");
