@@ -50,6 +50,7 @@ use super::grace::{
     level_seed, partition_stream, reserved_stream, HybridPartitions, OneShotExec, Partitioner,
     ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
+use super::key_bounds::JoinKeyFilter;
 use super::operator::replace_each;
 
 /// Replaces DataFusion's hash joins by [`SpillingHashJoinExec`] (a physical optimizer
@@ -67,10 +68,14 @@ impl PhysicalOptimizerRule for SpillingJoins {
             if join.null_aware || !wrappable(join) {
                 return Ok(None);
             }
-            let copy = join.builder().build()?;
-            Ok(Some(
-                Arc::new(SpillingHashJoinExec::new(Arc::new(copy))) as _
-            ))
+            // The wrapped join may see only some partitions of the build side, or
+            // swapped roles: the wrapper publishes the probe keys' bounds itself.
+            let ways = join.properties().partitioning.partition_count().max(1);
+            let key_filter = JoinKeyFilter::of(join, ways).map(Arc::new);
+            let copy = join.builder().reset_state().build()?;
+            let mut wrapped = SpillingHashJoinExec::new(Arc::new(copy));
+            wrapped.key_filter = key_filter;
+            Ok(Some(Arc::new(wrapped) as _))
         })
     }
 
@@ -108,6 +113,8 @@ pub(crate) struct SpillingHashJoinExec {
     ways: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    /// The probe keys' dynamic filter, at level 0 (see [`super::key_bounds`]).
+    key_filter: Option<Arc<JoinKeyFilter>>,
 }
 
 impl SpillingHashJoinExec {
@@ -127,6 +134,7 @@ impl SpillingHashJoinExec {
             ways,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
+            key_filter: None,
         }
     }
 }
@@ -170,11 +178,13 @@ impl ExecutionPlan for SpillingHashJoinExec {
             .recompute_properties()
             .build()?;
         let join = Arc::new(join);
-        Ok(Arc::new(if self.level == 0 {
+        let mut replaced = if self.level == 0 {
             SpillingHashJoinExec::new(join)
         } else {
             SpillingHashJoinExec::nested(join, self.level, self.ways)
-        }))
+        };
+        replaced.key_filter = self.key_filter.clone();
+        Ok(Arc::new(replaced))
     }
 
     super::operator::with_new_children_by_replace!();
@@ -198,6 +208,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
             spilled_partitions: MetricBuilder::new(&self.metrics)
                 .counter("spilled_partitions", partition),
             swapped_roles: MetricBuilder::new(&self.metrics).counter("swapped_roles", partition),
+            key_filter: self.key_filter.clone(),
         };
         let schema = self.join.schema();
         let stream = futures::stream::once(run.start()).try_flatten();
@@ -215,6 +226,7 @@ struct JoinRun {
     metrics: ExecutionPlanMetricsSet,
     spilled_partitions: Count,
     swapped_roles: Count,
+    key_filter: Option<Arc<JoinKeyFilter>>,
 }
 
 /// Rows read from one input before deciding how to join: the batches held under
@@ -303,6 +315,9 @@ impl JoinRun {
             .right()
             .execute(self.partition, self.context.clone())?;
         if build.overflow.is_none() {
+            if let Some(f) = &self.key_filter {
+                f.report(Some(f.bounds_of(&build.held)?))?;
+            }
             // It fits: the wrapped join runs on the rows read. Its own reservation
             // takes over from ours batch by batch.
             let left = build.chain(left_schema, left);
@@ -324,6 +339,10 @@ impl JoinRun {
             let probe = Prefix::read(&mut right, self.consumer("probe"), limit / 4).await?;
             if probe.overflow.is_none() {
                 self.swapped_roles.add(1);
+                // The probe side is read already; the build side never whole.
+                if let Some(f) = &self.key_filter {
+                    f.report(None)?;
+                }
                 let left = build.chain(left_schema, left);
                 let right = probe.chain(right_schema, right);
                 return self.swapped_join(left, right);
@@ -360,11 +379,19 @@ impl JoinRun {
         // The rows read so far are handed to the partitions one by one, each giving
         // its share back as it goes, so nothing is counted twice.
         let mut rows = build.chain(left_schema.clone(), left);
+        let mut bounds = self.key_filter.as_ref().map(|f| f.bounds());
         while let Some(batch) = rows.next().await {
-            partitions.push(&batch?)?;
+            let batch = batch?;
+            if let Some(b) = &mut bounds {
+                b.add(&batch)?;
+            }
+            partitions.push(&batch)?;
         }
         drop(rows);
         let build = partitions.finish()?;
+        if let Some(f) = &self.key_filter {
+            f.report(bounds)?;
+        }
         let spilled = build.spilled.iter().filter(|&&s| s).count();
         self.spilled_partitions.add(spilled);
         let right = match probe {
@@ -753,5 +780,58 @@ mod tests {
             "{text}"
         );
         assert!(out.stats().peak_local_bytes <= 96 << 10);
+    }
+
+    /// The chunks a query's scans skipped on dynamic filters.
+    fn chunks_pruned(out: &QueryOutput) -> usize {
+        fn walk(plan: &dyn ExecutionPlan) -> usize {
+            let own = if plan.name() == "RemoteScanExec" {
+                plan.metrics()
+                    .and_then(|m| m.sum_by_name("chunks_pruned"))
+                    .map_or(0, |v| v.as_usize())
+            } else {
+                0
+            };
+            own + plan
+                .children()
+                .into_iter()
+                .map(|c| walk(c.as_ref()))
+                .sum::<usize>()
+        }
+        walk(out.plan.as_ref())
+    }
+
+    #[test]
+    fn the_probe_scan_skips_chunks_outside_the_build_keys() {
+        // big is stored in key order, 4,096 rows a chunk (10 chunks). `b_pad < 3000`
+        // keeps keys 0..999 of the build side, which the planner cannot tell from
+        // the predicate: the probe side's scan learns it when the build side is read
+        // and reads the first chunk only.
+        let sql = "SELECT a.b_key, b.b_val FROM big a JOIN big b ON a.b_key = b.b_key \
+                   WHERE a.b_pad < 3000";
+        let (env, frames) = env_and_frames();
+        let (out, want) = run(&env, &frames, None, sql);
+        assert_eq!(want.height(), 1000);
+        assert_eq!(chunks_pruned(&out), 9, "{}", out.explain_analyze());
+        let (out, got) = run(&env, &frames, Some(64 << 20), sql);
+        assert!(got.equals_missing(&want));
+        assert_eq!(chunks_pruned(&out), 9, "{}", out.explain_analyze());
+    }
+
+    #[test]
+    fn a_hybrid_join_publishes_bounds_over_all_its_partitions() {
+        // Keys 0..9,999 built (30,000 rows of big filtered on b_pad, too many for
+        // the budget): a hybrid join, whose in-memory partitions alone would give
+        // narrower bounds. The probe scan skips chunks 3..9 and the answer is whole.
+        let sql = "SELECT a.b_key, b.b_val FROM big a JOIN big b ON a.b_key = b.b_key \
+                   WHERE a.b_pad < 30000";
+        let (env, frames) = env_and_frames();
+        let (_, want) = run(&env, &frames, None, sql);
+        assert_eq!(want.height(), 10_000);
+        let (out, got) = run(&env, &frames, Some(128 << 10), sql);
+        assert!(got.equals_missing(&want));
+        let text = out.explain_analyze();
+        assert!(join_metric(&out, "spilled_partitions") > 0, "{text}");
+        assert_eq!(chunks_pruned(&out), 7, "{text}");
     }
 }

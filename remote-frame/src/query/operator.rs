@@ -29,21 +29,12 @@ pub(crate) fn replace_each<T: ExecutionPlan + 'static>(
 }
 
 /// Inside `impl ExecutionPlan for $ty`: `name`, `properties` (from a `properties`
-/// field), `children` (none), `apply_expressions` (none), and `replace_children` /
-/// `with_new_children`, which accept no children.
+/// field), `children` (none), `apply_expressions` (over the expressions of the
+/// `Vec` field named, or none), and `replace_children` / `with_new_children`, which
+/// accept no children.
 macro_rules! leaf_plan_methods {
     ($name:literal) => {
-        fn name(&self) -> &str {
-            $name
-        }
-
-        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
-            &self.properties
-        }
-
-        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
-            vec![]
-        }
+        $crate::query::operator::leaf_plan_methods!(@leaf $name);
 
         fn apply_expressions(
             &self,
@@ -54,6 +45,39 @@ macro_rules! leaf_plan_methods {
             >,
         ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
             Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+    };
+    ($name:literal, $exprs:ident) => {
+        $crate::query::operator::leaf_plan_methods!(@leaf $name);
+
+        fn apply_expressions(
+            &self,
+            f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::common::Result<
+                datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            use datafusion::common::tree_node::TreeNodeRecursion;
+            for e in &self.$exprs {
+                if f(e)? == TreeNodeRecursion::Stop {
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        }
+    };
+    (@leaf $name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            &self.properties
+        }
+
+        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            vec![]
         }
 
         fn replace_children(

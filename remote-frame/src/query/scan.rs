@@ -9,13 +9,22 @@ use arrow_schema::{Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, Statistics};
 use datafusion::datasource::TableType;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::Operator;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_expr::expressions::BinaryExpr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr_common::physical_expr::{
+    snapshot_generation, snapshot_physical_expr,
+};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation,
+};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
@@ -126,7 +135,8 @@ impl TableProvider for RemoteTable {
 
 /// Reads a frame's projected columns: chunks are split over the partitions in
 /// contiguous ranges, and each chunk read is one vectored read per memory element.
-#[derive(Debug)]
+/// Chunks that dynamic filters pushed down from joins exclude are skipped.
+#[derive(Debug, Clone)]
 pub(crate) struct RemoteScanExec {
     frame: RemoteFrame,
     stats: Arc<ChunkStatistics>,
@@ -140,6 +150,9 @@ pub(crate) struct RemoteScanExec {
     limit: Option<usize>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    /// Dynamic filters over the scan's columns (join key bounds), checked against
+    /// each chunk's statistics before it is read.
+    dynamic: Vec<Arc<dyn PhysicalExpr>>,
 }
 
 impl RemoteScanExec {
@@ -176,6 +189,7 @@ impl RemoteScanExec {
             limit,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
+            dynamic: Vec::new(),
         }
     }
 }
@@ -200,12 +214,15 @@ impl DisplayAs for RemoteScanExec {
         if let Some(l) = self.limit {
             write!(f, ", limit={l}")?;
         }
+        if !self.dynamic.is_empty() {
+            write!(f, ", dynamic_filters={}", self.dynamic.len())?;
+        }
         Ok(())
     }
 }
 
 impl ExecutionPlan for RemoteScanExec {
-    super::operator::leaf_plan_methods!("RemoteScanExec");
+    super::operator::leaf_plan_methods!("RemoteScanExec", dynamic);
 
     fn statistics_from_inputs(
         &self,
@@ -222,6 +239,29 @@ impl ExecutionPlan for RemoteScanExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> DfResult<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        // Only dynamic filters are new here (static ones pruned chunks when the scan
+        // was planned). Either kind stays above the scan: it only skips chunks.
+        let dynamic: Vec<_> = child_pushdown_result
+            .parent_filters
+            .iter()
+            .map(|f| f.filter.clone())
+            .filter(|f| snapshot_generation(f) != 0)
+            .collect();
+        let result = FilterPushdownPropagation::all_unsupported(child_pushdown_result);
+        if phase != FilterPushdownPhase::Post || dynamic.is_empty() {
+            return Ok(result);
+        }
+        let mut scan = self.clone();
+        scan.dynamic.extend(dynamic);
+        Ok(result.with_updated_node(Arc::new(scan) as _))
     }
 
     fn execute(
@@ -246,22 +286,26 @@ impl ExecutionPlan for RemoteScanExec {
             self.limit,
             &self.metrics,
             partition,
+            (!self.dynamic.is_empty())
+                .then(|| ChunkPruning::new(self.stats.clone(), self.dynamic.clone())),
         ))
     }
 }
 
-/// One partition's stream: `chunks` read one at a time off the runtime's threads,
-/// sliced into batches, cut at `limit` rows; rows and `bytes_read` recorded in
-/// `metrics`.
+/// One partition's stream: `chunks` read one at a time off the runtime's threads
+/// (but those `pruning` rules out when their turn comes), sliced into batches, cut
+/// at `limit` rows; rows, `bytes_read` and `chunks_pruned` recorded in `metrics`.
 pub(crate) fn chunk_stream(
     reader: ChunkReader,
     chunks: Vec<usize>,
     limit: Option<usize>,
     metrics: &ExecutionPlanMetricsSet,
     partition: usize,
+    pruning: Option<ChunkPruning>,
 ) -> SendableRecordBatchStream {
     let baseline = BaselineMetrics::new(metrics, partition);
     let bytes_read: Count = MetricBuilder::new(metrics).counter("bytes_read", partition);
+    let chunks_pruned: Count = MetricBuilder::new(metrics).counter("chunks_pruned", partition);
     let schema = reader.schema.clone();
     let state = ScanState {
         reader,
@@ -270,6 +314,8 @@ pub(crate) fn chunk_stream(
         left: limit,
         failed: false,
         bytes_read,
+        pruning,
+        chunks_pruned,
     };
     let stream = futures::stream::unfold(state, |s| s.next()).map(move |b| {
         if let Ok(b) = &b {
@@ -359,6 +405,62 @@ struct ScanState {
     left: Option<usize>,
     failed: bool,
     bytes_read: Count,
+    pruning: Option<ChunkPruning>,
+    chunks_pruned: Count,
+}
+
+/// Dynamic filters checked against chunk statistics: the chunks they may pass
+/// rows of, worked out again whenever a filter changes.
+pub(crate) struct ChunkPruning {
+    stats: Arc<ChunkStatistics>,
+    filters: Vec<Arc<dyn PhysicalExpr>>,
+    /// The filters' generation the `keep` was worked out for.
+    generation: u64,
+    /// Per chunk of the frame: whether it is read (`None`: every chunk).
+    keep: Option<Vec<bool>>,
+}
+
+impl ChunkPruning {
+    fn new(stats: Arc<ChunkStatistics>, filters: Vec<Arc<dyn PhysicalExpr>>) -> Self {
+        ChunkPruning {
+            stats,
+            filters,
+            generation: 0,
+            keep: None,
+        }
+    }
+
+    /// Whether `chunk` may hold rows the filters pass, as they stand now.
+    fn keeps(&mut self, chunk: usize) -> bool {
+        let generation = self
+            .filters
+            .iter()
+            .fold(0u64, |g, f| g.wrapping_add(snapshot_generation(f)));
+        if generation != self.generation {
+            self.generation = generation;
+            let now = self
+                .filters
+                .iter()
+                .map(|f| snapshot_physical_expr(f.clone()))
+                .collect::<DfResult<Vec<_>>>();
+            self.keep = match now {
+                Ok(now) => {
+                    let mut keep = vec![false; self.stats.chunk_count()];
+                    let predicate = now.into_iter().reduce(|a, b| {
+                        Arc::new(BinaryExpr::new(a, Operator::And, b)) as Arc<dyn PhysicalExpr>
+                    });
+                    for i in self.stats.matching(predicate) {
+                        keep[i] = true;
+                    }
+                    Some(keep)
+                }
+                Err(_) => None,
+            };
+        }
+        self.keep
+            .as_ref()
+            .is_none_or(|k| k.get(chunk).copied().unwrap_or(true))
+    }
 }
 
 impl ScanState {
@@ -378,6 +480,12 @@ impl ScanState {
                 return Some((Ok(b), self));
             }
             let chunk = self.chunks.next()?;
+            if let Some(p) = &mut self.pruning {
+                if !p.keeps(chunk) {
+                    self.chunks_pruned.add(1);
+                    continue;
+                }
+            }
             let reader = self.reader.clone();
             let bytes = chunk_column_bytes(&reader.frame.meta().chunks[chunk], &reader.columns);
             match tokio::task::spawn_blocking(move || reader.read(chunk)).await {

@@ -552,6 +552,7 @@ impl ExecutionPlan for StageInputExec {
             None,
             &self.metrics,
             partition,
+            None,
         ))
     }
 }

@@ -12,6 +12,7 @@ use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::stats::Precision;
 use datafusion::common::Column;
 use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
+use datafusion::physical_expr::utils::reassign_expr_columns;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 
@@ -63,7 +64,9 @@ impl ChunkStatistics {
     /// all of them when the predicate cannot be used for pruning.
     pub(crate) fn matching(&self, predicate: Option<Arc<dyn PhysicalExpr>>) -> Vec<usize> {
         let all = || (0..self.chunks.len()).collect();
-        let Some(predicate) = predicate else {
+        // By name: a filter pushed down to a scan names the scan's columns.
+        let Some(predicate) = predicate.and_then(|p| reassign_expr_columns(p, &self.schema).ok())
+        else {
             return all();
         };
         let pruning = PruningPredicateBuilder::new()
@@ -84,6 +87,11 @@ impl ChunkStatistics {
                 all()
             }
         }
+    }
+
+    /// Chunks of the frame.
+    pub(crate) fn chunk_count(&self) -> usize {
+        self.chunks.len()
     }
 
     /// What the planner is told of `chunks` (of the frame whose chunks are `metas`)
