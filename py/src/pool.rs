@@ -59,6 +59,7 @@ fn stats_dict<'py>(py: Python<'py>, pool: &BufferPool) -> PyResult<Bound<'py, Py
     d.set_item("bytes_out", s.bytes_out)?;
     d.set_item("fetch_calls", s.fetch_calls)?;
     d.set_item("bytes_direct", s.bytes_direct)?;
+    d.set_item("bytes_direct_out", s.bytes_direct_out)?;
     d.set_item("page_size", pool.page_size())?;
     d.set_item("frames", pool.frames())?;
     d.set_item("capacity", pool.capacity())?;
@@ -158,6 +159,27 @@ impl PyPool {
             .as_slice()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         detach(py, move || pool.write(id, addr, src).map_err(array_err))
+    }
+
+    /// Writes the uint8 array `src` to remote `addr` of `name` around the cache: straight
+    /// to the memory element in one transport call, with the pool's cached pages of that
+    /// range dropped or updated, so later reads see `src` as after `write`. For large
+    /// writes that are not read back at once.
+    fn write_direct(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: u64,
+        src: PyReadonlyArray1<'_, u8>,
+    ) -> PyResult<()> {
+        let id = self.id(name)?;
+        let pool = Arc::clone(&self.inner);
+        let src = src
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        detach(py, move || {
+            pool.write_direct(id, addr, src).map_err(array_err)
+        })
     }
 
     /// Writes every dirty page back.

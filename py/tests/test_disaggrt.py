@@ -129,11 +129,18 @@ def test_eviction_with_a_small_pool(action_on):
     byte reads back right (the original's eviction did not work)."""
     t = action_on.get_transport("mem", "rdma")
     small = buffer_pool_lib.buffer_pool({"mem": t}, capacity=8 * 4096, page=4096)
-    a = np.random.default_rng(1).standard_normal(40000).astype(np.float32)  # 160 KB
-    ra = rdma_array.remote_array(small, input_ndarray=a, transport_name="mem")
-    assert np.array_equal(ra.materialize(), a)
+    a = np.random.default_rng(1).standard_normal((400, 100)).astype(np.float32)  # 160 KB
+    # Rows written and read back in pieces smaller than a quarter of the pool, so they
+    # go through it (a whole-array write or materialize would go around it).
+    ra = rdma_array.init_empty_remote_array(small, "mem", np.float32, a.shape)
+    for r in range(0, 400, 5):
+        ra.write_rows(r, a[r:r + 5])
+    back = np.concatenate([ra.materialize(r * 100, (r + 5) * 100) for r in range(0, 400, 5)])
+    assert np.array_equal(back, a)
     st = small.stats()
     assert st["evictions"] > 0 and st["write_backs"] > 0
+    assert st["bytes_direct"] == st["bytes_direct_out"] == 0
+    assert np.array_equal(ra.materialize(), a)  # and around the pool, after write-backs
 
 
 def test_wrong_metadata_and_inputs(pool):
@@ -196,3 +203,115 @@ def test_native_pool_rejects_wrong_dtypes(pool):
         pool._pool.write("mem", 0, [1, 2, 3])
     with pytest.raises(ValueError):
         pool.read_into("mem", 0, np.zeros(8, np.float32)[::2])
+
+
+def _process_server(size):
+    """A ``memory_server`` console-script process on a free loopback port."""
+    p = subprocess.Popen([sys.executable, "-m", "scad.cli", "memory_server", "0", "tcp", "--size", size,
+                          "--bind", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("listening on 127.0.0.1:"), line
+    return p, int(line.rsplit(":", 1)[1])
+
+
+def test_large_arrays_go_around_the_pool_as_element_programs_use_them():
+    """Issue 28's conditions: a memory_server process, the transport registered with
+    the original's buffer size, the array written with remote_array(input_ndarray=...)
+    and read back in a second pool made from get_buffer_metadata(). A whole-array write
+    and materialize each take one transport call straight between the array and the
+    memory element: no page of either pool is fetched, evicted or written back."""
+    import signal
+
+    import disagg
+
+    p, port = _process_server("64M")
+    try:
+        a = disagg.LibdAction(None, "issue28", timeout=10)
+        a.add_transport(f"mem1;rdma_tcp;url,tcp://127.0.0.1:{port};")
+        t = a.get_transport("mem1", "rdma")
+        t.reg(buffer_pool_lib.buffer_size)
+        bp = buffer_pool_lib.buffer_pool({"mem1": t})
+        x = np.random.default_rng(28).standard_normal((1024, 5 * 1024 + 3)).astype(np.float32)  # ~20 MiB
+        before = t.stats()
+        ra = rdma_array.remote_array(bp, input_ndarray=x, transport_name="mem1")
+        meta = ra.get_array_metadata()
+        s1 = bp.stats()
+        assert s1["bytes_direct_out"] == x.nbytes
+        assert (s1["misses"], s1["evictions"], s1["write_backs"]) == (0, 0, 0), s1
+        mid = t.stats()
+        assert (mid["writes"] - before["writes"], mid["bytes_written"] - before["bytes_written"]) == (1, x.nbytes)
+
+        pool2 = buffer_pool_lib.buffer_pool({"mem1": t}, bp.get_buffer_metadata())
+        back = rdma_array.remote_array(pool2, metadata=meta).materialize()
+        assert back.shape == x.shape and back.dtype == x.dtype
+        assert back.tobytes() == x.tobytes()
+        s2 = pool2.stats()
+        assert s2["bytes_direct"] == x.nbytes
+        assert (s2["misses"], s2["evictions"], s2["fetch_calls"]) == (0, 0, 1), s2
+        after = t.stats()
+        assert (after["reads"] - mid["reads"], after["bytes_read"] - mid["bytes_read"]) == (1, x.nbytes)
+
+        # A large slice (more than a quarter of the pool) goes around the pool too; a
+        # small one is served page by page from the cache.
+        part = rdma_array.remote_array(pool2, metadata=meta).get_slice(100, 1000).materialize()
+        assert np.array_equal(part, x[100:1000])
+        assert pool2.stats()["bytes_direct"] == x.nbytes + x[100:1000].nbytes
+        assert pool2.stats()["misses"] == 0
+        small = rdma_array.remote_array(pool2, metadata=meta).get_slice(7, 9).materialize()
+        assert np.array_equal(small, x[7:9])
+        assert pool2.stats()["misses"] > 0
+        a.terminate()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 0
+        p.stdout.close()
+
+
+def test_direct_writes_keep_cached_pages_consistent(pool):
+    """A large write over pages the pool holds (dirty, clean, and partly covered with
+    dirty bytes outside it) reads back as a write through the pool would, from this
+    pool and, after flushing, from a fresh one."""
+    base = np.arange(3 << 20, dtype=np.uint8)  # 3 MiB, written through the cache in pieces
+    addr = pool.reserve_remote_mem("mem", base.nbytes)
+    for off in range(0, base.nbytes, 1 << 20):
+        pool.write("mem", base[off:off + (1 << 20)], addr + off)
+    pool.write("mem", b"\xee" * 10, addr + 70_000)  # dirty page, partly covered below
+    ok, _ = pool.read([["mem", addr + 200_000, 100]], 100)  # a clean cached page
+    big = np.full(5 << 20, 7, dtype=np.uint8)
+    big_addr = addr + 70_010  # starts right after the dirty bytes, inside their page
+    pool.reserve_remote_mem("mem", 5 << 20)
+    before = pool.stats()
+    pool.write("mem", big, big_addr)
+    assert pool.stats()["bytes_direct_out"] - before["bytes_direct_out"] == big.nbytes
+    want = np.zeros(big_addr - addr + big.nbytes, dtype=np.uint8)
+    want[:base.nbytes] = base
+    want[70_000:70_010] = 0xEE
+    want[70_010:] = 7
+    ok, through_pool = pool.read([["mem", addr, want.nbytes]], want.nbytes)
+    assert np.array_equal(through_pool, want)
+    ok, small = pool.read([["mem", addr + 69_990, 40]], 40)  # a small read, from the cache
+    assert np.array_equal(small, want[69_990:70_030])
+    t = pool.trans_map["mem"]
+    fresh = buffer_pool_lib.buffer_pool({"mem": t}, pool.get_buffer_metadata())
+    ok, remote = fresh.read([["mem", addr, want.nbytes]], want.nbytes)
+    assert np.array_equal(remote, want)
+
+
+def test_direct_writes_refuse_bad_ranges_before_moving_anything(pool):
+    t = pool.trans_map["mem"]
+    size = pool._pool.transport_size("mem")
+    big = np.ones(buffer_pool_lib.buffer_size, dtype=np.uint8)
+    written = t.stats()["bytes_written"]
+    with pytest.raises(IndexError):
+        pool.write("mem", big, size - 10)
+    with pytest.raises(MemoryError):
+        pool.reserve_remote_mem("mem", size + 1)
+    assert t.stats()["bytes_written"] == written
+    # Non-contiguous sources are copied into order, as before; destinations must be
+    # writable and contiguous.
+    strided = np.arange(2 * (1 << 20), dtype=np.int32)[::2]
+    (_, a, n), = pool.write("mem", strided)
+    ok, back = pool.read([["mem", a, n]], n)
+    assert np.array_equal(back.view(np.int32), strided)
+    with pytest.raises(ValueError):
+        pool.read_into("mem", a, np.zeros(2 * (1 << 20), np.int32)[::2])

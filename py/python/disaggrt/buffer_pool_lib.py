@@ -1,8 +1,11 @@
 """``buffer_pool``: a page cache in front of named memory elements, with the original
 interface. Reads and writes go through scad-remote-array's Rust ``BufferPool`` (CLOCK
-eviction with write-back, read-ahead, GIL released); remote space is handed out by a
-bump allocator whose state (``trans_metadata``: transport name -> next free address)
-is how one element tells the next where allocation stopped."""
+eviction with write-back, read-ahead, GIL released); reads and writes of at least a
+quarter of the pool (a whole array, a large slice) go around it, straight between the
+NumPy array and the memory element in one transport call, with the pool's cached pages
+kept consistent. Remote space is handed out by a bump allocator whose state
+(``trans_metadata``: transport name -> next free address) is how one element tells the
+next where allocation stopped."""
 
 from __future__ import annotations
 
@@ -101,8 +104,18 @@ class buffer_pool:
         elif remote_addr < 0:
             raise ValueError(f"remote address {remote_addr} is negative")
         if src.nbytes:
-            self._pool.write(transport_name, remote_addr, src)
+            self._write(transport_name, remote_addr, src)
         return [[transport_name, remote_addr, src.nbytes]]
+
+    def _write(self, name: str, addr: int, src: np.ndarray) -> None:
+        """Writes the uint8 array ``src`` at ``addr``. Writes of at least a quarter of the
+        pool go around the cache, straight from ``src`` to the memory element (cached
+        pages of the range are dropped or updated, so reads see the same bytes): through
+        the cache they would only evict everything else and write every page back."""
+        if src.nbytes >= self._direct_min:
+            self._pool.write_direct(name, int(addr), src)
+        else:
+            self._pool.write(name, int(addr), src)
 
     def read(self, remote_metadata_list: List[list], mem_size: int) -> Tuple[bool, np.ndarray]:
         """Reads the listed ``[name, addr, nbytes]`` pieces, one after the other, into
@@ -152,19 +165,20 @@ class buffer_pool:
 
     def flush_to_remote(self, name: str, remote_addr: int, buf_offset: int, nbytes: int) -> None:
         """Writes ``nbytes`` of transport ``name``'s buffer at ``buf_offset`` to
-        ``remote_addr`` (through the pool, so cached pages stay consistent)."""
+        ``remote_addr`` (by the pool, so cached pages stay consistent)."""
         self._check(name)
         view = np.frombuffer(_endpoint(self.trans_map[name]).buffer(), dtype=np.uint8,
                              count=nbytes, offset=buf_offset)
         if nbytes:
-            self._pool.write(name, remote_addr, view)
+            self._write(name, remote_addr, view)
 
     def flush(self) -> None:
         """Writes dirty pages back."""
         self._pool.flush()
 
     def stats(self) -> Dict[str, Any]:
-        """Pool counters (hits, misses, evictions, write_backs, bytes_in, bytes_out...)."""
+        """Pool counters (hits, misses, evictions, write_backs, bytes_in, bytes_out, and
+        bytes_direct / bytes_direct_out: bytes read / written around the cache)."""
         return dict(self._pool.stats())
 
 

@@ -1,13 +1,14 @@
-//! [`BufferPool::read_direct`]: large reads straight into the caller's buffer, around
-//! the cache, with the pages the pool holds copied over them.
+//! [`BufferPool::read_direct`] and [`BufferPool::write_direct`]: large reads straight
+//! into the caller's buffer and large writes straight from it, around the cache, with
+//! the pages the pool holds kept consistent with them.
 
 use std::sync::Arc;
 
 use super::copy::copy_bytes;
 use super::rounds::{Round, Slot, SlotKind};
 use super::stats;
-use super::table::State;
-use super::{BufferPool, ElementId, PoolRead};
+use super::table::{Frame, Inner, State};
+use super::{BufferPool, ElementId, PoolRead, PoolWrite};
 use crate::error::{Error, Result};
 
 /// [`BufferPool::read_direct`] populates destinations of at least this many bytes.
@@ -113,5 +114,97 @@ impl BufferPool {
             consumed = p.seg_off + p.len as usize;
         }
         self.read_many(&mut reads)
+    }
+
+    /// Writes `src` at `addr` of `transport` around the cache: the bytes move from
+    /// `src` straight to the memory element in one transport call (no copy into a
+    /// frame, no eviction, no write-back later), so a large write costs what the
+    /// transport costs. The pages the pool holds in that range end up as
+    /// [`BufferPool::write`] would leave them:
+    /// - an idle cached page that the write covers (with any dirty bytes it had) is
+    ///   dropped from the pool: its bytes are superseded;
+    /// - a page the write only partly covers while it has dirty bytes elsewhere, a page
+    ///   another request holds (pinned, loading, being written back), and a page
+    ///   another thread cached while the direct write was in flight are written again
+    ///   through the pool afterwards, so none keeps (or writes back) older bytes.
+    ///
+    /// Meant for large writes that will not be read back at once (writing out a whole
+    /// array): they would otherwise stream through the pool, evicting everything and
+    /// writing every page back one round at a time. Small writes are better served by
+    /// [`BufferPool::write`], which batches them.
+    ///
+    /// # Errors
+    /// As [`BufferPool::write_many`]. On error some of `src` may have reached the memory
+    /// element; the pages the call dropped held nothing that `src` did not overwrite.
+    pub fn write_direct(&self, transport: ElementId, addr: u64, src: &[u8]) -> Result<()> {
+        let plan = self.plan(std::iter::once((transport, addr, src.len())))?;
+        if plan.pieces.is_empty() {
+            return Ok(());
+        }
+        let entry = Arc::clone(&plan.entries[transport.index()]);
+        // Pieces to write through the pool after the direct write.
+        let mut again: Vec<usize> = Vec::new();
+        {
+            let mut inner = self.lock();
+            let Inner {
+                frames,
+                table,
+                free,
+                policy,
+                ..
+            } = &mut *inner;
+            for (i, p) in plan.pieces.iter().enumerate() {
+                let Some(&f) = table.get(&p.key) else {
+                    continue;
+                };
+                let fr = &mut frames[f as usize];
+                let idle = fr.key == Some(p.key) && fr.state == State::Valid && fr.pins == 0;
+                let covered = fr.dirty.is_none_or(|d| {
+                    d.lo as usize >= p.in_page as usize
+                        && d.hi as usize <= (p.in_page + p.len) as usize
+                });
+                if idle && covered {
+                    table.remove(&p.key);
+                    policy.removed(f);
+                    *fr = Frame::default();
+                    free.push(f);
+                } else {
+                    again.push(i);
+                }
+            }
+        }
+        entry
+            .transport
+            .write(addr, src)
+            .map_err(|e| Error::transport("write", &entry.name, addr, src.len() as u64, e))?;
+        stats::Counters::add(&self.counters.bytes_out, src.len() as u64);
+        stats::Counters::add(&self.counters.bytes_direct_out, src.len() as u64);
+        // Pages cached meanwhile (by another thread's request, from bytes fetched
+        // before the write landed) get the new bytes too.
+        {
+            let inner = self.lock();
+            for (i, p) in plan.pieces.iter().enumerate() {
+                if inner.table.contains_key(&p.key) {
+                    again.push(i);
+                }
+            }
+        }
+        if again.is_empty() {
+            return Ok(());
+        }
+        again.sort_unstable();
+        again.dedup();
+        let writes: Vec<PoolWrite<'_>> = again
+            .into_iter()
+            .map(|i| {
+                let p = plan.pieces[i];
+                PoolWrite {
+                    transport,
+                    addr: addr + p.seg_off as u64,
+                    src: &src[p.seg_off..p.seg_off + p.len as usize],
+                }
+            })
+            .collect();
+        self.write_many(&writes)
     }
 }

@@ -23,13 +23,16 @@ pub struct PoolStats {
     pub write_backs: u64,
     /// Bytes fetched from memory elements.
     pub bytes_in: u64,
-    /// Bytes written back to memory elements.
+    /// Bytes written to memory elements: dirty pages written back, and direct writes.
     pub bytes_out: u64,
     /// Vectored fetch calls issued (one per memory element per batch).
     pub fetch_calls: u64,
     /// Bytes [`crate::BufferPool::read_direct`] moved straight from memory elements into
     /// callers' buffers, around the cache (also counted in `bytes_in`).
     pub bytes_direct: u64,
+    /// Bytes [`crate::BufferPool::write_direct`] moved straight from callers' buffers to
+    /// memory elements, around the cache (also counted in `bytes_out`).
+    pub bytes_direct_out: u64,
 }
 
 impl PoolStats {
@@ -58,6 +61,9 @@ impl PoolStats {
             bytes_out: self.bytes_out.saturating_sub(earlier.bytes_out),
             fetch_calls: self.fetch_calls.saturating_sub(earlier.fetch_calls),
             bytes_direct: self.bytes_direct.saturating_sub(earlier.bytes_direct),
+            bytes_direct_out: self
+                .bytes_direct_out
+                .saturating_sub(earlier.bytes_direct_out),
         }
     }
 }
@@ -82,6 +88,13 @@ impl fmt::Display for PoolStats {
         if self.bytes_direct > 0 {
             write!(f, ", direct {}", scad_core::fmt::bytes(self.bytes_direct))?;
         }
+        if self.bytes_direct_out > 0 {
+            write!(
+                f,
+                ", direct out {}",
+                scad_core::fmt::bytes(self.bytes_direct_out)
+            )?;
+        }
         Ok(())
     }
 }
@@ -99,6 +112,7 @@ pub(crate) struct Counters {
     pub bytes_out: AtomicU64,
     pub fetch_calls: AtomicU64,
     pub bytes_direct: AtomicU64,
+    pub bytes_direct_out: AtomicU64,
 }
 
 impl Counters {
@@ -121,6 +135,7 @@ impl Counters {
             bytes_out: l(&self.bytes_out),
             fetch_calls: l(&self.fetch_calls),
             bytes_direct: l(&self.bytes_direct),
+            bytes_direct_out: l(&self.bytes_direct_out),
         }
     }
 }

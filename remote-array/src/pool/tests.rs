@@ -510,3 +510,161 @@ fn elements_registered_after_the_pool_are_cached_and_read_ahead() {
     p.read(a, 0, &mut back).unwrap();
     assert_eq!(back, pattern(3000, 7));
 }
+
+#[test]
+fn write_direct_is_one_transport_write_and_leaves_the_pool_as_write_would() {
+    let pool = BufferPool::builder(16 * 4096)
+        .page_size(4096)
+        .read_ahead(0)
+        .build()
+        .unwrap();
+    let remote = Arc::new(LocalTransport::new(1 << 20).unwrap());
+    let t = pool.elements().add("m", remote.clone()).unwrap();
+    let old = pattern(256 * 1024, 3);
+    remote.write(0, &old).unwrap();
+    // The pool holds: dirty bytes inside the range (superseded), a page the write covers
+    // only partly with dirty bytes outside it (must survive), a clean cached page, and a
+    // dirty page after the range (untouched).
+    pool.write(t, 20_000, &[0xAA; 5000]).unwrap();
+    pool.write(t, 4096 + 100, &[0xBB; 50]).unwrap();
+    pool.read(t, 60_000, &mut [0u8; 10]).unwrap();
+    pool.write(t, 150_000, &[0xCC; 100]).unwrap();
+    let before = pool.stats();
+    let remote_before = remote.stats();
+
+    let data = pattern(100_000, 7);
+    pool.write_direct(t, 4096 + 1000, &data).unwrap();
+
+    let s = pool.stats().since(&before);
+    let r = remote.stats();
+    assert_eq!(
+        r.write_ops - remote_before.write_ops,
+        1,
+        "one transport write: {s}"
+    );
+    assert_eq!(
+        s.hits, 1,
+        "only the partly covered dirty page went through the pool: {s}"
+    );
+    assert_eq!(s.bytes_direct_out, 100_000);
+    assert_eq!(s.evictions, 0, "nothing was evicted: {s}");
+    assert_eq!(s.misses, 0, "no page was fetched or claimed: {s}");
+    // Everything reads back as after a pool write, through the pool and remotely.
+    let mut want = old.clone();
+    want[20_000..25_000].fill(0xAA);
+    want[4096 + 100..4096 + 150].fill(0xBB);
+    want[150_000..150_100].fill(0xCC);
+    want[4096 + 1000..4096 + 1000 + 100_000].copy_from_slice(&data);
+    let mut back = vec![0u8; 200_000];
+    pool.read(t, 0, &mut back).unwrap();
+    assert!(
+        back == want[..200_000],
+        "reads through the pool see the direct write"
+    );
+    pool.flush().unwrap();
+    let mut remote_back = vec![0u8; 200_000];
+    remote.read(0, &mut remote_back).unwrap();
+    assert!(
+        remote_back == want[..200_000],
+        "no stale page was written back over it"
+    );
+    assert_eq!(pool.usage().pinned, 0);
+    // Bad ranges are refused before anything moves; empty writes are fine.
+    let r = remote.stats();
+    assert!(matches!(
+        pool.write_direct(t, (1 << 20) - 10, &[1u8; 11]),
+        Err(Error::RemoteRange { .. })
+    ));
+    pool.write_direct(t, 1 << 20, &[]).unwrap();
+    assert_eq!(remote.stats().write_ops, r.write_ops);
+}
+
+#[test]
+fn write_direct_of_a_large_array_caches_nothing_and_writes_nothing_back() {
+    let pool = BufferPool::builder(8 * 4096)
+        .page_size(4096)
+        .build()
+        .unwrap();
+    let remote = Arc::new(LocalTransport::new(4 << 20).unwrap());
+    let t = pool.elements().add("m", remote.clone()).unwrap();
+    let data = pattern(3 << 20, 5);
+    pool.write_direct(t, 123, &data).unwrap();
+    pool.flush().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.write_backs, s.evictions, s.misses), (0, 0, 0), "{s}");
+    assert_eq!(s.bytes_out, 3 << 20);
+    assert_eq!(pool.usage().used, 0, "nothing is cached by write_direct");
+    assert_eq!(remote.stats().write_ops, 1, "one transport call");
+    let mut back = vec![0u8; data.len()];
+    pool.read_direct(t, 123, &mut back).unwrap();
+    assert!(back == data);
+}
+
+#[test]
+fn write_direct_fails_cleanly_when_the_transport_fails() {
+    let pool = BufferPool::builder(8 * 4096)
+        .page_size(4096)
+        .build()
+        .unwrap();
+    let flaky = Flaky::new(1 << 20);
+    let t = pool.elements().add("f", flaky.clone()).unwrap();
+    flaky.fail_writes.store(true, Ordering::SeqCst);
+    let err = pool.write_direct(t, 0, &[1u8; 20_000]).unwrap_err();
+    assert!(matches!(err, Error::Transport { .. }), "{err}");
+    assert_eq!(pool.usage().pinned, 0, "no page stays pinned");
+    flaky.fail_writes.store(false, Ordering::SeqCst);
+    pool.write_direct(t, 0, &[2u8; 20_000]).unwrap();
+    let mut back = [0u8; 20_000];
+    pool.read(t, 0, &mut back).unwrap();
+    assert_eq!(back, [2u8; 20_000]);
+}
+
+/// Direct writes interleaved with another thread's reads and writes of the same pages
+/// (which keep caching and evicting them): after every direct write returns, reads
+/// through the pool and from remote memory (after a flush) see its bytes.
+#[test]
+fn write_direct_is_seen_while_other_threads_cache_and_evict_the_same_pages() {
+    let pool = Arc::new(
+        BufferPool::builder(8 * 4096)
+            .page_size(4096)
+            .read_ahead(2)
+            .build()
+            .unwrap(),
+    );
+    let remote = Arc::new(LocalTransport::new(1 << 20).unwrap());
+    let t = pool.elements().add("m", remote.clone()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let other = {
+        let (pool, stop) = (Arc::clone(&pool), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 3 * 4096];
+            let mut off = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                // Reads of the pages the direct writes go to, and writes far from them.
+                pool.read(t, off % (40 * 1024), &mut buf).unwrap();
+                pool.write(t, (512 << 10) + off, &buf[..1000]).unwrap();
+                off = (off + 5000) % (256 << 10);
+            }
+        })
+    };
+    for round in 0..300u32 {
+        let v = (round % 250) as u8 + 1;
+        let start = u64::from(round % 7) * 1000;
+        let data = vec![v; 5 * 4096 + 123];
+        pool.write_direct(t, start, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        pool.read(t, start, &mut back).unwrap();
+        assert!(back == data, "round {round}: a read through the pool");
+    }
+    stop.store(true, Ordering::SeqCst);
+    other.join().unwrap();
+    pool.flush().unwrap();
+    let mut back = vec![0u8; 5 * 4096 + 123];
+    remote.read(5000, &mut back).unwrap(); // round 299 wrote at 5000
+    let last = (299 % 250) as u8 + 1;
+    assert!(
+        back.iter().all(|&b| b == last),
+        "remote memory holds the last direct write"
+    );
+    assert_eq!(pool.usage().pinned, 0);
+}
