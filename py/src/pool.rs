@@ -34,6 +34,23 @@ fn policy(name: &str) -> PyResult<EvictionPolicy> {
 }
 
 impl PyPool {
+    /// `write` (or its direct form) of `src` at `addr` of `name`, without the GIL.
+    fn write_with(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: u64,
+        src: PyReadonlyArray1<'_, u8>,
+        write: fn(&BufferPool, ElementId, u64, &[u8]) -> scad_remote_array::Result<()>,
+    ) -> PyResult<()> {
+        let id = self.id(name)?;
+        let pool = Arc::clone(&self.inner);
+        let src = src
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        detach(py, move || write(&pool, id, addr, src).map_err(array_err))
+    }
+
     fn id(&self, name: &str) -> PyResult<ElementId> {
         let elements = self.inner.elements();
         elements.id(name).map_err(|_| {
@@ -153,12 +170,7 @@ impl PyPool {
         addr: u64,
         src: PyReadonlyArray1<'_, u8>,
     ) -> PyResult<()> {
-        let id = self.id(name)?;
-        let pool = Arc::clone(&self.inner);
-        let src = src
-            .as_slice()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        detach(py, move || pool.write(id, addr, src).map_err(array_err))
+        self.write_with(py, name, addr, src, BufferPool::write)
     }
 
     /// Writes the uint8 array `src` to remote `addr` of `name` around the cache: straight
@@ -172,14 +184,7 @@ impl PyPool {
         addr: u64,
         src: PyReadonlyArray1<'_, u8>,
     ) -> PyResult<()> {
-        let id = self.id(name)?;
-        let pool = Arc::clone(&self.inner);
-        let src = src
-            .as_slice()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        detach(py, move || {
-            pool.write_direct(id, addr, src).map_err(array_err)
-        })
+        self.write_with(py, name, addr, src, BufferPool::write_direct)
     }
 
     /// Writes every dirty page back.

@@ -315,12 +315,11 @@ fn state_cost(batch: &RecordBatch) -> usize {
 #[cfg(test)]
 mod tests {
     use polars::prelude::{df, ChunkAgg, SortMultipleOptions};
-    use scad_core::transport::LocalTransport;
-    use scad_remote_array::MemoryElements;
 
     use super::*;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
+    use crate::query::test_env::local_env;
     use crate::query::{QueryOutput, QuerySession};
 
     const ROWS: i64 = 60_000;
@@ -328,11 +327,7 @@ mod tests {
     const SQL: &str = "SELECT g, count(*) AS n, sum(v) AS s FROM t GROUP BY g";
 
     fn env_and_table() -> (FrameEnv, RemoteFrame) {
-        let elements = Arc::new(MemoryElements::new());
-        elements
-            .add("mem0", Arc::new(LocalTransport::new(128 << 20).unwrap()))
-            .unwrap();
-        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        let env = local_env(1, 128 << 20);
         let t = df!(
             "g" => (0..ROWS).map(|i| i * 7 % GROUPS).collect::<Vec<_>>(),
             "v" => (0..ROWS).collect::<Vec<_>>()
@@ -398,11 +393,7 @@ mod tests {
         // More groups than the budget holds, sorted as a whole above the aggregate:
         // the sort fills the pool while partitions are still to be aggregated (with
         // a plain greedy pool the next partition's hash table got no memory at all).
-        let elements = Arc::new(MemoryElements::new());
-        elements
-            .add("mem0", Arc::new(LocalTransport::new(256 << 20).unwrap()))
-            .unwrap();
-        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        let env = local_env(1, 256 << 20);
         let rows: i64 = 400_000;
         let groups: i64 = 200_000;
         let t = df!(

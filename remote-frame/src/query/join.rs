@@ -574,12 +574,11 @@ fn build_cost(batch: &RecordBatch) -> usize {
 #[cfg(test)]
 mod tests {
     use polars::prelude::{df, DataFrame, SortMultipleOptions};
-    use scad_core::transport::LocalTransport;
-    use scad_remote_array::MemoryElements;
 
     use super::*;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
+    use crate::query::test_env::local_env;
     use crate::query::{QueryOutput, QuerySession};
 
     /// Rows of each table.
@@ -588,13 +587,7 @@ mod tests {
     /// `big` (keys 0..ROWS, a payload) and `small` (every fourth key), in local
     /// memory elements.
     fn env_and_frames() -> (FrameEnv, Vec<(&'static str, RemoteFrame)>) {
-        let elements = Arc::new(MemoryElements::new());
-        for name in ["mem0", "mem1"] {
-            elements
-                .add(name, Arc::new(LocalTransport::new(128 << 20).unwrap()))
-                .unwrap();
-        }
-        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        let env = local_env(2, 128 << 20);
         let big = df!(
             "b_key" => (0..ROWS).collect::<Vec<_>>(),
             "b_val" => (0..ROWS).map(|i| i * 7 % 1000).collect::<Vec<_>>(),
@@ -638,23 +631,39 @@ mod tests {
         (out, got)
     }
 
-    /// The sum of a metric over the plan's spilling joins.
-    fn join_metric(out: &QueryOutput, name: &str) -> usize {
-        fn walk(plan: &dyn ExecutionPlan, name: &str) -> usize {
-            let own = match plan.downcast_ref::<SpillingHashJoinExec>() {
-                Some(join) => join
-                    .metrics()
+    /// The sum of metric `name` over the plan's operators that `pick` chooses.
+    fn plan_metric(out: &QueryOutput, name: &str, pick: fn(&dyn ExecutionPlan) -> bool) -> usize {
+        fn walk(
+            plan: &dyn ExecutionPlan,
+            name: &str,
+            pick: fn(&dyn ExecutionPlan) -> bool,
+        ) -> usize {
+            let own = if pick(plan) {
+                plan.metrics()
                     .and_then(|m| m.sum_by_name(name))
-                    .map_or(0, |v| v.as_usize()),
-                None => 0,
+                    .map_or(0, |v| v.as_usize())
+            } else {
+                0
             };
             own + plan
                 .children()
                 .into_iter()
-                .map(|c| walk(c.as_ref(), name))
+                .map(|c| walk(c.as_ref(), name, pick))
                 .sum::<usize>()
         }
-        walk(out.plan.as_ref(), name)
+        walk(out.plan.as_ref(), name, pick)
+    }
+
+    /// The sum of a metric over the plan's spilling joins.
+    fn join_metric(out: &QueryOutput, name: &str) -> usize {
+        plan_metric(out, name, |p| {
+            p.downcast_ref::<SpillingHashJoinExec>().is_some()
+        })
+    }
+
+    /// The chunks a query's scans skipped on dynamic filters.
+    fn chunks_pruned(out: &QueryOutput) -> usize {
+        plan_metric(out, "chunks_pruned", |p| p.name() == "RemoteScanExec")
     }
 
     // Every key of `small` matches once in `big`: ROWS / 4 rows.
@@ -780,25 +789,6 @@ mod tests {
             "{text}"
         );
         assert!(out.stats().peak_local_bytes <= 96 << 10);
-    }
-
-    /// The chunks a query's scans skipped on dynamic filters.
-    fn chunks_pruned(out: &QueryOutput) -> usize {
-        fn walk(plan: &dyn ExecutionPlan) -> usize {
-            let own = if plan.name() == "RemoteScanExec" {
-                plan.metrics()
-                    .and_then(|m| m.sum_by_name("chunks_pruned"))
-                    .map_or(0, |v| v.as_usize())
-            } else {
-                0
-            };
-            own + plan
-                .children()
-                .into_iter()
-                .map(|c| walk(c.as_ref()))
-                .sum::<usize>()
-        }
-        walk(out.plan.as_ref())
     }
 
     #[test]

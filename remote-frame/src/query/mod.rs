@@ -565,3 +565,28 @@ fn query_error(e: DataFusionError) -> Error {
         other => Error::Query(Box::new(other)),
     }
 }
+
+/// What the operators' unit tests share.
+#[cfg(test)]
+pub(crate) mod test_env {
+    use std::sync::Arc;
+
+    use scad_core::transport::LocalTransport;
+    use scad_remote_array::MemoryElements;
+
+    use crate::env::FrameEnv;
+
+    /// An env over `elements` local memory elements of `bytes` each, storing frames
+    /// in chunks of 4,096 rows.
+    pub(crate) fn local_env(elements: usize, bytes: u64) -> FrameEnv {
+        let all = Arc::new(MemoryElements::new());
+        for i in 0..elements {
+            all.add(
+                &format!("mem{i}"),
+                Arc::new(LocalTransport::new(bytes).unwrap()),
+            )
+            .unwrap();
+        }
+        FrameEnv::new(all).with_chunk_rows(4096)
+    }
+}

@@ -448,15 +448,13 @@ impl WindowRun {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use polars::prelude::{df, DataFrame, SortMultipleOptions};
-    use scad_core::transport::LocalTransport;
-    use scad_remote_array::MemoryElements;
 
     use crate::env::FrameEnv;
     use crate::error::Error;
     use crate::frame::RemoteFrame;
+    use crate::query::test_env::local_env;
     use crate::query::{QueryOutput, QuerySession};
 
     const ROWS: i64 = 120_000;
@@ -465,11 +463,7 @@ mod tests {
     const SQL: &str = "SELECT g, v, s, sum(v) OVER (PARTITION BY g) AS total FROM t";
 
     fn env_and_table() -> (FrameEnv, RemoteFrame) {
-        let elements = Arc::new(MemoryElements::new());
-        elements
-            .add("mem0", Arc::new(LocalTransport::new(128 << 20).unwrap()))
-            .unwrap();
-        let env = FrameEnv::new(elements).with_chunk_rows(4096);
+        let env = local_env(1, 128 << 20);
         // Stored out of partition order, so the sort below the window has work.
         let t = df!(
             "g" => (0..ROWS).map(|i| (i * 7919 % ROWS) / PARTITION_ROWS).collect::<Vec<_>>(),
