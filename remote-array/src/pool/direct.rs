@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::copy::copy_bytes;
 use super::rounds::{Round, Slot, SlotKind};
 use super::stats;
-use super::table::{Frame, Inner, State};
+use super::table::State;
 use super::{BufferPool, ElementId, PoolRead, PoolWrite};
 use crate::error::{Error, Result};
 
@@ -146,28 +146,18 @@ impl BufferPool {
         let mut again: Vec<usize> = Vec::new();
         {
             let mut inner = self.lock();
-            let Inner {
-                frames,
-                table,
-                free,
-                policy,
-                ..
-            } = &mut *inner;
             for (i, p) in plan.pieces.iter().enumerate() {
-                let Some(&f) = table.get(&p.key) else {
+                let Some(&f) = inner.table.get(&p.key) else {
                     continue;
                 };
-                let fr = &mut frames[f as usize];
+                let fr = &inner.frames[f as usize];
                 let idle = fr.key == Some(p.key) && fr.state == State::Valid && fr.pins == 0;
                 let covered = fr.dirty.is_none_or(|d| {
                     d.lo as usize >= p.in_page as usize
                         && d.hi as usize <= (p.in_page + p.len) as usize
                 });
                 if idle && covered {
-                    table.remove(&p.key);
-                    policy.removed(f);
-                    *fr = Frame::default();
-                    free.push(f);
+                    inner.forget(f, p.key);
                 } else {
                     again.push(i);
                 }

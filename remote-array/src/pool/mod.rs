@@ -76,7 +76,7 @@ use crate::error::{Error, Result};
 use eviction::FrameId;
 use pages::Span;
 use rounds::{Mode, Round};
-use table::{Dirty, Frame, Inner, State};
+use table::{Dirty, Inner, State};
 
 pub use builder::{BufferPoolBuilder, DEFAULT_BATCH_BYTES, DEFAULT_PAGE_SIZE, DEFAULT_READ_AHEAD};
 pub use eviction::EvictionPolicy;
@@ -420,22 +420,13 @@ impl BufferPool {
     pub fn invalidate(&self, transport: ElementId) -> Result<()> {
         self.flush()?;
         let mut inner = self.lock();
-        let Inner {
-            frames,
-            table,
-            free,
-            policy,
-            ..
-        } = &mut *inner;
-        for (f, fr) in frames.iter_mut().enumerate() {
+        for f in 0..inner.frames.len() {
+            let fr = &inner.frames[f];
             let Some(key) = fr.key else { continue };
-            if key.t != transport || fr.state != State::Valid || fr.pins > 0 || fr.dirty.is_some() {
-                continue;
+            if key.t == transport && fr.state == State::Valid && fr.pins == 0 && fr.dirty.is_none()
+            {
+                inner.forget(f as FrameId, key);
             }
-            table.remove(&key);
-            policy.removed(f as FrameId);
-            *fr = Frame::default();
-            free.push(f as FrameId);
         }
         Ok(())
     }

@@ -51,6 +51,17 @@ pub(super) struct Inner {
     pub(super) seq: Vec<u64>,
 }
 
+impl Inner {
+    /// Drops idle frame `f`, which caches `key`, from the pool: out of the table and
+    /// the policy, back on the free list.
+    pub(super) fn forget(&mut self, f: FrameId, key: PageKey) {
+        self.table.remove(&key);
+        self.policy.removed(f);
+        self.frames[f as usize] = Frame::default();
+        self.free.push(f);
+    }
+}
+
 /// A victim whose dirty bytes must be written back before its frame is refilled.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Dirty {
