@@ -391,8 +391,9 @@ mod tests {
     #[test]
     fn a_sort_fed_by_a_spilling_aggregate_leaves_its_partitions_room() {
         // More groups than the budget holds, sorted as a whole above the aggregate:
-        // the sort fills the pool while partitions are still to be aggregated (with
-        // a plain greedy pool the next partition's hash table got no memory at all).
+        // the sort fills the pool while partitions are still to be aggregated (before
+        // the aggregate lent its memory to them, the next partition's hash table got
+        // no memory at all).
         let env = local_env(1, 256 << 20);
         let rows: i64 = 400_000;
         let groups: i64 = 200_000;

@@ -70,11 +70,9 @@ impl PhysicalOptimizerRule for SpillingJoins {
             }
             // The wrapped join may see only some partitions of the build side, or
             // swapped roles: the wrapper publishes the probe keys' bounds itself.
-            let ways = join.properties().partitioning.partition_count().max(1);
-            let key_filter = JoinKeyFilter::of(join, ways).map(Arc::new);
             let copy = join.builder().reset_state().build()?;
             let mut wrapped = SpillingHashJoinExec::new(Arc::new(copy));
-            wrapped.key_filter = key_filter;
+            wrapped.key_filter = JoinKeyFilter::of(join, wrapped.ways).map(Arc::new);
             Ok(Some(Arc::new(wrapped) as _))
         })
     }

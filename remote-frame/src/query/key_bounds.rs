@@ -21,11 +21,12 @@ use datafusion::common::{Result as DfResult, ScalarValue};
 use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
 use datafusion::logical_expr::{Accumulator, Operator};
 use datafusion::physical_expr::expressions::{lit, BinaryExpr, DynamicFilterPhysicalExpr};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::{conjunction, conjunction_opt, PhysicalExpr};
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 /// Minimum and maximum of each build key over the rows seen (nulls never match).
+#[derive(Debug)]
 pub(crate) struct KeyBounds {
     keys: Vec<Arc<dyn PhysicalExpr>>,
     /// Per key: `None` until a non-null key is seen.
@@ -104,7 +105,7 @@ pub(crate) struct JoinKeyFilter {
 struct Gathering {
     reported: usize,
     /// Bounds so far (`None` before the first report).
-    bounds: Option<Vec<Option<(ScalarValue, ScalarValue)>>>,
+    bounds: Option<KeyBounds>,
     /// A partition read only part of its build side (roles swapped): nothing is
     /// published.
     incomplete: bool,
@@ -162,15 +163,8 @@ impl JoinKeyFilter {
         match bounds {
             None => g.incomplete = true,
             Some(b) => match &mut g.bounds {
-                None => g.bounds = Some(b.bounds),
-                Some(so_far) => {
-                    let mut mine = KeyBounds {
-                        keys: Vec::new(),
-                        bounds: std::mem::take(so_far),
-                    };
-                    mine.merge(b);
-                    *so_far = mine.bounds;
-                }
+                None => g.bounds = Some(b),
+                Some(so_far) => so_far.merge(b),
             },
         }
         g.reported += 1;
@@ -186,23 +180,21 @@ impl JoinKeyFilter {
         let Some(bounds) = done.bounds else {
             return Ok(());
         };
-        let mut predicate: Option<Arc<dyn PhysicalExpr>> = None;
-        for (key, bound) in self.probe_keys.iter().zip(bounds) {
-            let range: Arc<dyn PhysicalExpr> = match bound {
-                // No build row has a key: no probe row can match.
-                None => lit(false),
-                Some((lo, hi)) => Arc::new(BinaryExpr::new(
-                    Arc::new(BinaryExpr::new(key.clone(), Operator::GtEq, lit(lo))),
-                    Operator::And,
-                    Arc::new(BinaryExpr::new(key.clone(), Operator::LtEq, lit(hi))),
-                )),
-            };
-            predicate = Some(match predicate {
-                None => range,
-                Some(p) => Arc::new(BinaryExpr::new(p, Operator::And, range)),
+        let ranges = self
+            .probe_keys
+            .iter()
+            .zip(bounds.bounds)
+            .map(|(key, bound)| {
+                match bound {
+                    // No build row has a key: no probe row can match.
+                    None => lit(false),
+                    Some((lo, hi)) => conjunction([
+                        Arc::new(BinaryExpr::new(key.clone(), Operator::GtEq, lit(lo))) as _,
+                        Arc::new(BinaryExpr::new(key.clone(), Operator::LtEq, lit(hi))) as _,
+                    ]),
+                }
             });
-        }
-        if let Some(p) = predicate {
+        if let Some(p) = conjunction_opt(ranges) {
             self.filter.update(p)?;
             self.filter.mark_complete();
         }

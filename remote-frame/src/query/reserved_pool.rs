@@ -20,13 +20,18 @@ use datafusion::execution::TaskContext;
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct ReservedPool {
-    /// The lender's reservation in the session's pool, never shrunk below `floor`.
-    reservation: Mutex<MemoryReservation>,
+    lent: Mutex<Lent>,
+    /// The reservation is never shrunk below this.
     floor: usize,
-    /// Bytes lent out now.
-    used: Mutex<usize>,
     /// The session pool's limit (`None`: unlimited), told to the operators.
     limit: Option<usize>,
+}
+
+/// The lender's reservation in the session's pool, and the bytes lent out of it.
+#[derive(Debug)]
+struct Lent {
+    reservation: MemoryReservation,
+    used: usize,
 }
 
 impl ReservedPool {
@@ -34,9 +39,11 @@ impl ReservedPool {
     /// holds them now).
     pub(crate) fn new(reservation: MemoryReservation, floor: usize, limit: MemoryLimit) -> Self {
         ReservedPool {
-            reservation: Mutex::new(reservation),
+            lent: Mutex::new(Lent {
+                reservation,
+                used: 0,
+            }),
             floor,
-            used: Mutex::new(0),
             limit: match limit {
                 MemoryLimit::Finite(bytes) => Some(bytes),
                 _ => None,
@@ -64,22 +71,14 @@ impl ReservedPool {
         )))
     }
 
-    /// Brings the reservation to what is lent, but not below the floor.
-    fn settle(&self, used: usize) {
-        let reservation = self
-            .reservation
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let keep = used.max(self.floor);
-        if reservation.size() > keep {
-            reservation.shrink(reservation.size() - keep);
-        }
+    fn lent(&self) -> std::sync::MutexGuard<'_, Lent> {
+        self.lent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Display for ReservedPool {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let used = *self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        let used = self.lent().used;
         write!(f, "reserved(lent: {used} B, floor: {} B)", self.floor)
     }
 }
@@ -90,39 +89,35 @@ impl MemoryPool for ReservedPool {
     }
 
     fn grow(&self, _reservation: &MemoryReservation, additional: usize) {
-        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        *used += additional;
-        let reservation = self
-            .reservation
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if *used > reservation.size() {
-            reservation.grow(*used - reservation.size());
+        let mut lent = self.lent();
+        lent.used += additional;
+        if lent.used > lent.reservation.size() {
+            lent.reservation.grow(lent.used - lent.reservation.size());
         }
     }
 
     fn shrink(&self, _reservation: &MemoryReservation, shrink: usize) {
-        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        *used = used.saturating_sub(shrink);
-        self.settle(*used);
+        let mut lent = self.lent();
+        lent.used = lent.used.saturating_sub(shrink);
+        // Back to what is lent, but not below the floor.
+        let keep = lent.used.max(self.floor);
+        if lent.reservation.size() > keep {
+            lent.reservation.shrink(lent.reservation.size() - keep);
+        }
     }
 
     fn try_grow(&self, _reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
-        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        let want = *used + additional;
-        let reservation = self
-            .reservation
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if want > reservation.size() {
-            reservation.try_grow(want - reservation.size())?;
+        let mut lent = self.lent();
+        let want = lent.used + additional;
+        if want > lent.reservation.size() {
+            lent.reservation.try_grow(want - lent.reservation.size())?;
         }
-        *used = want;
+        lent.used = want;
         Ok(())
     }
 
     fn reserved(&self) -> usize {
-        *self.used.lock().unwrap_or_else(PoisonError::into_inner)
+        self.lent().used
     }
 
     fn memory_limit(&self) -> MemoryLimit {

@@ -14,10 +14,8 @@ use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, Statisti
 use datafusion::datasource::TableType;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::Operator;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::expressions::BinaryExpr;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::{conjunction_opt, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_expr_common::physical_expr::{
     snapshot_generation, snapshot_physical_expr,
 };
@@ -446,10 +444,7 @@ impl ChunkPruning {
             self.keep = match now {
                 Ok(now) => {
                     let mut keep = vec![false; self.stats.chunk_count()];
-                    let predicate = now.into_iter().reduce(|a, b| {
-                        Arc::new(BinaryExpr::new(a, Operator::And, b)) as Arc<dyn PhysicalExpr>
-                    });
-                    for i in self.stats.matching(predicate) {
+                    for i in self.stats.matching(conjunction_opt(now)) {
                         keep[i] = true;
                     }
                     Some(keep)

@@ -448,7 +448,6 @@ impl WindowRun {
 
 #[cfg(test)]
 mod tests {
-
     use polars::prelude::{df, DataFrame, SortMultipleOptions};
 
     use crate::env::FrameEnv;
