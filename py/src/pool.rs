@@ -34,6 +34,23 @@ fn policy(name: &str) -> PyResult<EvictionPolicy> {
 }
 
 impl PyPool {
+    /// `read` (or its direct form) into `dst` from `addr` of `name`, without the GIL.
+    fn read_with(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: u64,
+        mut dst: PyReadwriteArray1<'_, u8>,
+        read: fn(&BufferPool, ElementId, u64, &mut [u8]) -> scad_remote_array::Result<()>,
+    ) -> PyResult<()> {
+        let id = self.id(name)?;
+        let pool = Arc::clone(&self.inner);
+        let dst = dst
+            .as_slice_mut()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        detach(py, move || read(&pool, id, addr, dst).map_err(array_err))
+    }
+
     /// `write` (or its direct form) of `src` at `addr` of `name`, without the GIL.
     fn write_with(
         &self,
@@ -132,14 +149,9 @@ impl PyPool {
         py: Python<'_>,
         name: &str,
         addr: u64,
-        mut dst: PyReadwriteArray1<'_, u8>,
+        dst: PyReadwriteArray1<'_, u8>,
     ) -> PyResult<()> {
-        let id = self.id(name)?;
-        let pool = Arc::clone(&self.inner);
-        let dst = dst
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        detach(py, move || pool.read(id, addr, dst).map_err(array_err))
+        self.read_with(py, name, addr, dst, BufferPool::read)
     }
 
     /// Reads `dst.size` bytes at remote `addr` of `name` into `dst` around the cache:
@@ -150,16 +162,9 @@ impl PyPool {
         py: Python<'_>,
         name: &str,
         addr: u64,
-        mut dst: PyReadwriteArray1<'_, u8>,
+        dst: PyReadwriteArray1<'_, u8>,
     ) -> PyResult<()> {
-        let id = self.id(name)?;
-        let pool = Arc::clone(&self.inner);
-        let dst = dst
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        detach(py, move || {
-            pool.read_direct(id, addr, dst).map_err(array_err)
-        })
+        self.read_with(py, name, addr, dst, BufferPool::read_direct)
     }
 
     /// Writes the uint8 array `src` to remote `addr` of `name` (through the cache).
