@@ -434,19 +434,12 @@ mod tests {
 
     #[test]
     fn with_two_large_relations_the_one_its_filters_shrink_is_joined_first() {
-        use crate::env::FrameEnv;
         use crate::frame::RemoteFrame;
+        use crate::query::test_env::local_env;
         use crate::query::QuerySession;
         use polars::prelude::df;
-        use scad_core::transport::LocalTransport;
-        use scad_remote_array::MemoryElements;
-        use std::sync::Arc;
 
-        let elements = Arc::new(MemoryElements::new());
-        elements
-            .add("mem0", Arc::new(LocalTransport::new(64 << 20).unwrap()))
-            .unwrap();
-        let env = FrameEnv::new(elements);
+        let env = local_env(1, 64 << 20);
         // q72's shape: inventory (the largest) and sales share the item; the sales'
         // dimensions are filtered; a join filter compares the two facts.
         let inv = df!(
