@@ -1,23 +1,29 @@
 //! Column chunks to and from their Arrow buffers.
 //!
-//! Writing borrows the buffers of Polars' own arrays (no re-encoding: primitive
-//! values, string views and their data buffers go out as they are; only bitmaps with
-//! a bit offset are re-packed). Reading fills typed local vectors straight from the
-//! transport and wraps them as arrays without another copy; every array is built
-//! through the checked constructors, so corrupted remote bytes give an error, never
-//! undefined behaviour.
+//! Writing borrows the buffers of arrow-rs arrays (no re-encoding: primitive values,
+//! string views and their data buffers go out as they are; only bitmaps with a bit
+//! offset are re-packed). Reading fills typed local vectors straight from the
+//! transport and wraps them as arrow-rs arrays without another copy; every array is
+//! built through the checked constructors, so corrupted remote bytes give an error,
+//! never undefined behaviour.
 
-use polars::prelude::{AnyValue, ArrayRef, CompatLevel, DataType, Series};
-use polars_arrow::array::{Array, BooleanArray, NullArray, PrimitiveArray, Utf8ViewArray, View};
-use polars_arrow::bitmap::Bitmap;
-use polars_arrow::datatypes::ArrowDataType;
-use polars_arrow::types::NativeType;
-use polars_buffer::Buffer;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    ArrowPrimitiveType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int16Type, Int32Type,
+    Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef, BooleanArray, NullArray, PrimitiveArray, StringViewArray};
+use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
+use arrow_schema::DataType;
+use datafusion::arrow::compute;
 
 use crate::error::{Error, Result};
 use crate::meta::{ColumnChunk, ColumnStats, ColumnType, MAX_STAT_STRING};
 
-/// The storable type of a Polars data type.
+/// The storable type of an arrow-rs data type. Strings of any Arrow layout are stored
+/// as views (see [`storable`]).
 ///
 /// # Errors
 /// [`Error::UnsupportedType`].
@@ -34,12 +40,12 @@ pub fn column_type(name: &str, dtype: &DataType) -> Result<ColumnType> {
         DataType::UInt64 => ColumnType::UInt64,
         DataType::Float32 => ColumnType::Float32,
         DataType::Float64 => ColumnType::Float64,
-        DataType::Date => ColumnType::Date,
-        DataType::Decimal(p, s) => ColumnType::Decimal {
-            precision: *p,
-            scale: *s,
+        DataType::Date32 => ColumnType::Date,
+        DataType::Decimal128(p, s) if *s >= 0 => ColumnType::Decimal {
+            precision: usize::from(*p),
+            scale: usize::from(s.unsigned_abs()),
         },
-        DataType::String => ColumnType::String,
+        DataType::Utf8View | DataType::Utf8 | DataType::LargeUtf8 => ColumnType::String,
         DataType::Null => ColumnType::Null,
         other => {
             return Err(Error::UnsupportedType {
@@ -50,136 +56,116 @@ pub fn column_type(name: &str, dtype: &DataType) -> Result<ColumnType> {
     })
 }
 
-/// The Polars data type of a stored type.
-pub fn polars_type(t: ColumnType) -> DataType {
-    match t {
-        ColumnType::Boolean => DataType::Boolean,
-        ColumnType::Int8 => DataType::Int8,
-        ColumnType::Int16 => DataType::Int16,
-        ColumnType::Int32 => DataType::Int32,
-        ColumnType::Int64 => DataType::Int64,
-        ColumnType::UInt8 => DataType::UInt8,
-        ColumnType::UInt16 => DataType::UInt16,
-        ColumnType::UInt32 => DataType::UInt32,
-        ColumnType::UInt64 => DataType::UInt64,
-        ColumnType::Float32 => DataType::Float32,
-        ColumnType::Float64 => DataType::Float64,
-        ColumnType::Date => DataType::Date,
-        ColumnType::Decimal { precision, scale } => DataType::Decimal(precision, scale),
-        ColumnType::String => DataType::String,
-        ColumnType::Null => DataType::Null,
-    }
-}
-
-fn arrow_type(t: ColumnType) -> ArrowDataType {
-    match t {
-        ColumnType::Boolean => ArrowDataType::Boolean,
-        ColumnType::Int8 => ArrowDataType::Int8,
-        ColumnType::Int16 => ArrowDataType::Int16,
-        ColumnType::Int32 => ArrowDataType::Int32,
-        ColumnType::Int64 => ArrowDataType::Int64,
-        ColumnType::UInt8 => ArrowDataType::UInt8,
-        ColumnType::UInt16 => ArrowDataType::UInt16,
-        ColumnType::UInt32 => ArrowDataType::UInt32,
-        ColumnType::UInt64 => ArrowDataType::UInt64,
-        ColumnType::Float32 => ArrowDataType::Float32,
-        ColumnType::Float64 => ArrowDataType::Float64,
-        ColumnType::Date => ArrowDataType::Date32,
-        ColumnType::Decimal { precision, scale } => ArrowDataType::Decimal(precision, scale),
-        ColumnType::String => ArrowDataType::Utf8View,
-        ColumnType::Null => ArrowDataType::Null,
-    }
-}
-
-/// A bitmap as bytes starting at bit 0 (re-packed if it had a bit offset).
-fn bitmap_bytes(b: &Bitmap) -> Vec<u8> {
-    let (bytes, offset, len) = b.as_slice();
-    if offset % 8 == 0 {
-        let start = offset / 8;
-        bytes[start..start + len.div_ceil(8)].to_vec()
+/// `array` in the layout its stored type is kept in (strings as views), cast if it is
+/// in another.
+///
+/// # Errors
+/// [`Error::UnsupportedType`]; [`Error::Arrow`] when the cast fails.
+pub fn storable(name: &str, array: &ArrayRef) -> Result<(ColumnType, ArrayRef)> {
+    let t = column_type(name, array.data_type())?;
+    let want = t.arrow_type()?;
+    if array.data_type() == &want {
+        Ok((t, array.clone()))
     } else {
-        let packed: Bitmap = b.iter().collect();
-        let (bytes, offset, len) = packed.as_slice();
-        bytes[offset / 8..offset / 8 + len.div_ceil(8)].to_vec()
+        Ok((t, compute::cast(array, &want)?))
     }
 }
 
-/// The smallest and largest value of `series` as stored statistics; `None` when
-/// there are none to keep (all null, NaN, long strings, a reduction Polars lacks).
-fn column_stats(series: &Series, dtype: ColumnType) -> Option<ColumnStats> {
-    if dtype == ColumnType::Null || series.null_count() == series.len() {
+/// A bitmap as bytes starting at bit 0 (re-packed only if it has a bit offset).
+fn bitmap_bytes(b: &BooleanBuffer) -> Buffer {
+    b.sliced()
+}
+
+/// The smallest and largest value of `array` as stored statistics; `None` when there
+/// are none to keep (all null, NaN, long strings).
+fn column_stats(array: &ArrayRef, dtype: ColumnType) -> Option<ColumnStats> {
+    use serde_json::Value;
+    if dtype == ColumnType::Null || array.null_count() == array.len() {
         return None;
     }
-    if matches!(dtype, ColumnType::Float32 | ColumnType::Float64) && series.is_nan().ok()?.any() {
-        return None;
+    fn ints<T>(a: &ArrayRef) -> Option<(Value, Value)>
+    where
+        T: datafusion::arrow::datatypes::ArrowNumericType,
+        T::Native: Into<Value>,
+    {
+        let a = a.as_primitive_opt::<T>()?;
+        Some((compute::min(a)?.into(), compute::max(a)?.into()))
     }
-    let min = stat_value(series.min_reduce().ok()?.value())?;
-    let max = stat_value(series.max_reduce().ok()?.value())?;
+    fn floats<T>(a: &ArrayRef) -> Option<(Value, Value)>
+    where
+        T: datafusion::arrow::datatypes::ArrowNumericType,
+        T::Native: Into<f64>,
+    {
+        // NaN sorts above (or, negative, below) every number: a chunk holding one
+        // has no bounds to keep.
+        let a = a.as_primitive_opt::<T>()?;
+        let number = |x: T::Native| serde_json::Number::from_f64(x.into()).map(Value::Number);
+        Some((number(compute::min(a)?)?, number(compute::max(a)?)?))
+    }
+    let (min, max) = match dtype {
+        ColumnType::Boolean => {
+            let a = array.as_boolean_opt()?;
+            (
+                Value::Bool(compute::min_boolean(a)?),
+                Value::Bool(compute::max_boolean(a)?),
+            )
+        }
+        ColumnType::Int8 => ints::<Int8Type>(array)?,
+        ColumnType::Int16 => ints::<Int16Type>(array)?,
+        ColumnType::Int32 => ints::<Int32Type>(array)?,
+        ColumnType::Int64 => ints::<Int64Type>(array)?,
+        ColumnType::UInt8 => ints::<UInt8Type>(array)?,
+        ColumnType::UInt16 => ints::<UInt16Type>(array)?,
+        ColumnType::UInt32 => ints::<UInt32Type>(array)?,
+        ColumnType::UInt64 => ints::<UInt64Type>(array)?,
+        ColumnType::Date => ints::<Date32Type>(array)?,
+        ColumnType::Float32 => floats::<Float32Type>(array)?,
+        ColumnType::Float64 => floats::<Float64Type>(array)?,
+        ColumnType::Decimal { .. } => {
+            let a = array.as_primitive_opt::<Decimal128Type>()?;
+            (
+                Value::String(compute::min(a)?.to_string()),
+                Value::String(compute::max(a)?.to_string()),
+            )
+        }
+        ColumnType::String => {
+            let a = array.as_string_view_opt()?;
+            let bound = |s: &str| (s.len() <= MAX_STAT_STRING).then(|| Value::String(s.into()));
+            (
+                bound(compute::min_string_view(a)?)?,
+                bound(compute::max_string_view(a)?)?,
+            )
+        }
+        ColumnType::Null => return None,
+    };
     Some(ColumnStats { min, max })
 }
 
-fn stat_value(v: &AnyValue<'_>) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    Some(match v {
-        AnyValue::Boolean(b) => Value::Bool(*b),
-        AnyValue::Int8(x) => Value::from(*x),
-        AnyValue::Int16(x) => Value::from(*x),
-        AnyValue::Int32(x) => Value::from(*x),
-        AnyValue::Int64(x) => Value::from(*x),
-        AnyValue::UInt8(x) => Value::from(*x),
-        AnyValue::UInt16(x) => Value::from(*x),
-        AnyValue::UInt32(x) => Value::from(*x),
-        AnyValue::UInt64(x) => Value::from(*x),
-        AnyValue::Float32(x) => Value::Number(serde_json::Number::from_f64(f64::from(*x))?),
-        AnyValue::Float64(x) => Value::Number(serde_json::Number::from_f64(*x)?),
-        AnyValue::Date(d) => Value::from(*d),
-        AnyValue::Decimal(unscaled, _, _) => Value::String(unscaled.to_string()),
-        AnyValue::String(s) if s.len() <= MAX_STAT_STRING => Value::String((*s).to_owned()),
-        AnyValue::StringOwned(s) if s.len() <= MAX_STAT_STRING => Value::String(s.to_string()),
-        _ => return None,
-    })
-}
-
-/// One column of one chunk, ready to be written: the array (kept alive so its
-/// buffers can be borrowed) and the bitmaps re-packed to start at bit 0.
+/// One column of one chunk, ready to be written: its buffers in stored order (shared
+/// with the array they came from, or re-packed bitmaps).
 pub struct EncodedColumn {
-    /// Stored type.
-    pub dtype: ColumnType,
     /// Nulls.
     pub null_count: u64,
     /// Smallest and largest value, when known (see [`ColumnStats`]).
     pub stats: Option<ColumnStats>,
-    validity: Option<Vec<u8>>,
-    bool_values: Option<Vec<u8>>,
-    array: ArrayRef,
+    buffers: Vec<Buffer>,
 }
 
 impl EncodedColumn {
-    /// Encodes a series of one chunk (callers rechunk).
+    /// Encodes one column of a chunk.
     ///
     /// # Errors
-    /// [`Error::UnsupportedType`].
-    pub fn new(series: &Series) -> Result<Self> {
-        let dtype = column_type(series.name(), series.dtype())?;
-        let mut array = if series.is_empty() {
-            Series::new_empty(series.name().clone(), series.dtype())
-                .to_arrow(0, CompatLevel::newest())
-        } else {
-            series.to_arrow(0, CompatLevel::newest())
-        };
-        if dtype == ColumnType::String {
+    /// [`Error::UnsupportedType`]; [`Error::Arrow`] when a string column cannot be
+    /// cast to views.
+    pub fn new(name: &str, array: &ArrayRef) -> Result<Self> {
+        let (dtype, mut array) = storable(name, array)?;
+        if let Some(a) = array.as_string_view_opt() {
             // Slices and gathers share their parent's data buffers; when most of
             // those bytes belong to other rows, write only what these rows use.
-            if let Some(a) = array.as_any().downcast_ref::<Utf8ViewArray>() {
-                let used: usize = a
-                    .views()
-                    .iter()
-                    .filter(|v| v.length > View::MAX_INLINE_SIZE)
-                    .map(|v| v.length as usize)
-                    .sum();
-                if a.total_buffer_len() > used + used / 4 + 256 {
-                    array = Box::new(a.clone().gc());
-                }
+            let used = a.total_buffer_bytes_used();
+            let held: usize = a.data_buffers().iter().map(Buffer::len).sum();
+            if held > used + used / 4 + 256 {
+                array = Arc::new(a.gc());
             }
         }
         let null_count = if dtype == ColumnType::Null {
@@ -187,69 +173,61 @@ impl EncodedColumn {
         } else {
             array.null_count() as u64
         };
-        let validity = match (dtype, array.validity()) {
-            (ColumnType::Null, _) => None,
-            (_, Some(v)) if null_count > 0 => Some(bitmap_bytes(v)),
-            _ => None,
-        };
-        let bool_values = array
-            .as_any()
-            .downcast_ref::<BooleanArray>()
-            .map(|a| bitmap_bytes(a.values()));
+        let mut buffers = Vec::with_capacity(3);
+        if let (false, Some(nulls)) = (dtype == ColumnType::Null, array.nulls()) {
+            if null_count > 0 {
+                buffers.push(bitmap_bytes(nulls.inner()));
+            }
+        }
+        fn values<T: ArrowPrimitiveType>(a: &ArrayRef) -> Buffer {
+            a.as_primitive_opt::<T>()
+                .map(|p| p.values().inner().clone())
+                .unwrap_or_default()
+        }
+        match dtype {
+            ColumnType::Null => {}
+            ColumnType::Boolean => buffers.push(
+                array
+                    .as_boolean_opt()
+                    .map(|b| bitmap_bytes(b.values()))
+                    .unwrap_or_default(),
+            ),
+            ColumnType::Int8 => buffers.push(values::<Int8Type>(&array)),
+            ColumnType::Int16 => buffers.push(values::<Int16Type>(&array)),
+            ColumnType::Int32 => buffers.push(values::<Int32Type>(&array)),
+            ColumnType::Date => buffers.push(values::<Date32Type>(&array)),
+            ColumnType::Int64 => buffers.push(values::<Int64Type>(&array)),
+            ColumnType::UInt8 => buffers.push(values::<UInt8Type>(&array)),
+            ColumnType::UInt16 => buffers.push(values::<UInt16Type>(&array)),
+            ColumnType::UInt32 => buffers.push(values::<UInt32Type>(&array)),
+            ColumnType::UInt64 => buffers.push(values::<UInt64Type>(&array)),
+            ColumnType::Float32 => buffers.push(values::<Float32Type>(&array)),
+            ColumnType::Float64 => buffers.push(values::<Float64Type>(&array)),
+            ColumnType::Decimal { .. } => buffers.push(values::<Decimal128Type>(&array)),
+            ColumnType::String => {
+                if let Some(s) = array.as_string_view_opt() {
+                    buffers.push(s.views().inner().clone());
+                    buffers.extend(s.data_buffers().iter().cloned());
+                }
+            }
+        }
         Ok(EncodedColumn {
-            dtype,
             null_count,
-            stats: column_stats(series, dtype),
-            validity,
-            bool_values,
-            array,
+            stats: column_stats(&array, dtype),
+            buffers,
         })
     }
 
     /// The buffers in stored order (see [`ColumnChunk`]).
-    pub fn buffers(&self) -> Vec<&[u8]> {
-        let mut out: Vec<&[u8]> = Vec::with_capacity(3);
-        if let Some(v) = &self.validity {
-            out.push(v);
-        }
-        fn values<T: NativeType>(a: &ArrayRef) -> &[u8] {
-            a.as_any()
-                .downcast_ref::<PrimitiveArray<T>>()
-                .map(|p| bytemuck::cast_slice(p.values().as_slice()))
-                .unwrap_or(&[])
-        }
-        let a = &self.array;
-        match self.dtype {
-            ColumnType::Null => {}
-            ColumnType::Boolean => out.push(self.bool_values.as_deref().unwrap_or(&[])),
-            ColumnType::Int8 => out.push(values::<i8>(a)),
-            ColumnType::Int16 => out.push(values::<i16>(a)),
-            ColumnType::Int32 | ColumnType::Date => out.push(values::<i32>(a)),
-            ColumnType::Int64 => out.push(values::<i64>(a)),
-            ColumnType::UInt8 => out.push(values::<u8>(a)),
-            ColumnType::UInt16 => out.push(values::<u16>(a)),
-            ColumnType::UInt32 => out.push(values::<u32>(a)),
-            ColumnType::UInt64 => out.push(values::<u64>(a)),
-            ColumnType::Float32 => out.push(values::<f32>(a)),
-            ColumnType::Float64 => out.push(values::<f64>(a)),
-            ColumnType::Decimal { .. } => out.push(values::<i128>(a)),
-            ColumnType::String => {
-                if let Some(s) = a.as_any().downcast_ref::<Utf8ViewArray>() {
-                    out.push(bytemuck::cast_slice(s.views().as_slice()));
-                    for b in s.data_buffers().iter() {
-                        out.push(b.as_slice());
-                    }
-                }
-            }
-        }
-        out
+    pub fn buffers(&self) -> impl Iterator<Item = &[u8]> {
+        self.buffers.iter().map(Buffer::as_slice)
     }
 }
 
 /// A local destination for one stored buffer, typed so the array can own it without
 /// another copy.
 pub enum Dest {
-    /// Bytes (bitmaps, string data).
+    /// Bytes (bitmaps, string data, u8 values).
     Bytes(Vec<u8>),
     /// i8 values.
     I8(Vec<i8>),
@@ -272,7 +250,7 @@ pub enum Dest {
     /// i128 values (decimals).
     I128(Vec<i128>),
     /// String views.
-    Views(Vec<View>),
+    Views(Vec<u128>),
 }
 
 impl Dest {
@@ -294,10 +272,21 @@ impl Dest {
         }
     }
 
-    fn into_bytes(self) -> Vec<u8> {
+    /// The destination as an Arrow buffer (no copy).
+    fn into_buffer(self) -> Buffer {
         match self {
-            Dest::Bytes(v) => v,
-            mut other => other.bytes_mut().to_vec(),
+            Dest::Bytes(v) => Buffer::from_vec(v),
+            Dest::I8(v) => Buffer::from_vec(v),
+            Dest::I16(v) => Buffer::from_vec(v),
+            Dest::I32(v) => Buffer::from_vec(v),
+            Dest::I64(v) => Buffer::from_vec(v),
+            Dest::U16(v) => Buffer::from_vec(v),
+            Dest::U32(v) => Buffer::from_vec(v),
+            Dest::U64(v) => Buffer::from_vec(v),
+            Dest::F32(v) => Buffer::from_vec(v),
+            Dest::F64(v) => Buffer::from_vec(v),
+            Dest::I128(v) => Buffer::from_vec(v),
+            Dest::Views(v) => Buffer::from_vec(v),
         }
     }
 }
@@ -326,7 +315,7 @@ pub fn destinations(dtype: ColumnType, rows: usize, cc: &ColumnChunk) -> Vec<Des
             (ColumnType::Float32, _) => Dest::F32(vec![0.0; rows]),
             (ColumnType::Float64, _) => Dest::F64(vec![0.0; rows]),
             (ColumnType::Decimal { .. }, _) => Dest::I128(vec![0; rows]),
-            (ColumnType::String, true) => Dest::Views(vec![View::default(); rows]),
+            (ColumnType::String, true) => Dest::Views(vec![0; rows]),
             _ => Dest::Bytes(vec![0; len]),
         };
         first = false;
@@ -335,22 +324,33 @@ pub fn destinations(dtype: ColumnType, rows: usize, cc: &ColumnChunk) -> Vec<Des
     out
 }
 
-fn prim<T: NativeType>(
-    t: ColumnType,
-    v: Vec<T>,
-    validity: Option<Bitmap>,
-) -> Result<Box<dyn Array>> {
-    Ok(Box::new(PrimitiveArray::<T>::try_new(
-        arrow_type(t),
-        Buffer::from(v),
-        validity,
-    )?))
+/// The checked bitmap of `rows` bits in `bytes`.
+fn bitmap(name: &str, bytes: Buffer, rows: usize) -> Result<BooleanBuffer> {
+    if bytes.len() < rows.div_ceil(8) {
+        return Err(Error::Meta(format!(
+            "column {name:?}: a bitmap of {} bytes cannot hold {rows} rows",
+            bytes.len()
+        )));
+    }
+    Ok(BooleanBuffer::new(bytes, 0, rows))
+}
+
+fn prim<T: ArrowPrimitiveType>(
+    values: Buffer,
+    rows: usize,
+    nulls: Option<NullBuffer>,
+    data_type: DataType,
+) -> Result<ArrayRef> {
+    let values = ScalarBuffer::<T::Native>::new(values, 0, rows);
+    Ok(Arc::new(
+        PrimitiveArray::<T>::try_new(values, nulls)?.with_data_type(data_type),
+    ))
 }
 
 /// Builds the array of one column chunk from its filled destinations.
 ///
 /// # Errors
-/// [`Error::Meta`] / [`Error::Polars`] when the bytes do not form a valid array (for
+/// [`Error::Meta`] / [`Error::Arrow`] when the bytes do not form a valid array (for
 /// example string views pointing outside their data buffers, or invalid UTF-8).
 pub fn decode(
     name: &str,
@@ -358,53 +358,76 @@ pub fn decode(
     rows: usize,
     cc: &ColumnChunk,
     dests: Vec<Dest>,
-) -> Result<Box<dyn Array>> {
+) -> Result<ArrayRef> {
     let mut it = dests.into_iter();
-    let validity = if cc.null_count > 0 && dtype != ColumnType::Null {
+    if dtype == ColumnType::Null {
+        return Ok(Arc::new(NullArray::new(rows)));
+    }
+    let nulls = if cc.null_count > 0 {
         let bytes = it
             .next()
             .ok_or_else(|| Error::Meta(format!("column {name:?}: validity missing")))?
-            .into_bytes();
-        Some(Bitmap::try_new(bytes, rows)?)
+            .into_buffer();
+        Some(NullBuffer::new(bitmap(name, bytes, rows)?))
     } else {
         None
     };
-    let missing = || Error::Meta(format!("column {name:?} ({dtype}): values buffer missing"));
-    if dtype == ColumnType::Null {
-        return Ok(Box::new(NullArray::new(ArrowDataType::Null, rows)));
-    }
-    let values = it.next().ok_or_else(missing)?;
+    let values = it
+        .next()
+        .ok_or_else(|| Error::Meta(format!("column {name:?} ({dtype}): values buffer missing")))?;
     let wrong = || {
         Error::Meta(format!(
             "column {name:?} ({dtype}): buffer of the wrong kind"
         ))
     };
-    match (dtype, values) {
-        (ColumnType::Boolean, Dest::Bytes(v)) => Ok(Box::new(BooleanArray::try_new(
-            ArrowDataType::Boolean,
-            Bitmap::try_new(v, rows)?,
-            validity,
-        )?)),
-        (ColumnType::Int8, Dest::I8(v)) => prim(dtype, v, validity),
-        (ColumnType::Int16, Dest::I16(v)) => prim(dtype, v, validity),
-        (ColumnType::Int32 | ColumnType::Date, Dest::I32(v)) => prim(dtype, v, validity),
-        (ColumnType::Int64, Dest::I64(v)) => prim(dtype, v, validity),
-        (ColumnType::UInt8, Dest::Bytes(v)) => prim(dtype, v, validity),
-        (ColumnType::UInt16, Dest::U16(v)) => prim(dtype, v, validity),
-        (ColumnType::UInt32, Dest::U32(v)) => prim(dtype, v, validity),
-        (ColumnType::UInt64, Dest::U64(v)) => prim(dtype, v, validity),
-        (ColumnType::Float32, Dest::F32(v)) => prim(dtype, v, validity),
-        (ColumnType::Float64, Dest::F64(v)) => prim(dtype, v, validity),
-        (ColumnType::Decimal { .. }, Dest::I128(v)) => prim(dtype, v, validity),
-        (ColumnType::String, Dest::Views(views)) => {
-            let data: Vec<Buffer<u8>> = it.map(|d| Buffer::from(d.into_bytes())).collect();
-            Ok(Box::new(Utf8ViewArray::try_new(
-                ArrowDataType::Utf8View,
-                Buffer::from(views),
-                Buffer::from(data),
-                validity,
-            )?))
+    let data_type = dtype.arrow_type()?;
+    let array: ArrayRef = match (dtype, values) {
+        (ColumnType::Boolean, Dest::Bytes(v)) => Arc::new(BooleanArray::new(
+            bitmap(name, Buffer::from_vec(v), rows)?,
+            nulls,
+        )),
+        (ColumnType::Int8, d @ Dest::I8(_)) => {
+            prim::<Int8Type>(d.into_buffer(), rows, nulls, data_type)?
         }
-        _ => Err(wrong()),
-    }
+        (ColumnType::Int16, d @ Dest::I16(_)) => {
+            prim::<Int16Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::Int32, d @ Dest::I32(_)) => {
+            prim::<Int32Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::Date, d @ Dest::I32(_)) => {
+            prim::<Date32Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::Int64, d @ Dest::I64(_)) => {
+            prim::<Int64Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::UInt8, d @ Dest::Bytes(_)) => {
+            prim::<UInt8Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::UInt16, d @ Dest::U16(_)) => {
+            prim::<UInt16Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::UInt32, d @ Dest::U32(_)) => {
+            prim::<UInt32Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::UInt64, d @ Dest::U64(_)) => {
+            prim::<UInt64Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::Float32, d @ Dest::F32(_)) => {
+            prim::<Float32Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::Float64, d @ Dest::F64(_)) => {
+            prim::<Float64Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::Decimal { .. }, d @ Dest::I128(_)) => {
+            prim::<Decimal128Type>(d.into_buffer(), rows, nulls, data_type)?
+        }
+        (ColumnType::String, d @ Dest::Views(_)) => {
+            let views = ScalarBuffer::<u128>::new(d.into_buffer(), 0, rows);
+            let data: Vec<Buffer> = it.map(Dest::into_buffer).collect();
+            Arc::new(StringViewArray::try_new(views, data, nulls)?)
+        }
+        _ => return Err(wrong()),
+    };
+    Ok(array)
 }

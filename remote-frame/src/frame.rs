@@ -2,14 +2,16 @@
 
 use std::sync::Arc;
 
-use polars::prelude::{
-    ArrayRef, Column, DataFrame, DataType, IntoColumn, PlSmallStr, Schema, Series,
-};
+use arrow_array::{RecordBatch, RecordBatchOptions};
+use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
+use datafusion::arrow::compute::concat_batches;
+use polars::prelude::{DataFrame, Schema};
 use scad_core::{ReadOp, WriteOp};
 
 use crate::codec::{self, EncodedColumn};
 use crate::env::FrameEnv;
 use crate::error::{Error, Result};
+use crate::interop;
 use crate::meta::{
     chunk_column_bytes, BufferRef, ChunkMeta, ColumnChunk, ColumnMeta, FrameMeta, BUFFER_ALIGN,
     LAYOUT_VERSION,
@@ -110,18 +112,25 @@ impl RemoteFrame {
         self.meta.column_names()
     }
 
-    /// The Polars schema (no data is read).
-    pub fn schema(&self) -> Schema {
-        self.meta
-            .schema
-            .iter()
-            .map(|c| {
-                (
-                    PlSmallStr::from(c.name.as_str()),
-                    codec::polars_type(c.dtype),
-                )
-            })
-            .collect()
+    /// The Polars schema (no data is read): Polars' reading of the Arrow types.
+    ///
+    /// # Errors
+    /// As [`RemoteFrame::arrow_schema`]; [`Error::Polars`].
+    pub fn schema(&self) -> Result<Schema> {
+        let empty = RecordBatch::new_empty(self.arrow_schema()?);
+        Ok(interop::from_record_batches(&[empty])?
+            .schema()
+            .as_ref()
+            .clone())
+    }
+
+    /// The arrow-rs schema (no data is read); every column nullable.
+    ///
+    /// # Errors
+    /// [`Error::Meta`] for a stored type arrow-rs cannot hold (a decimal wider than
+    /// `Decimal128`).
+    pub fn arrow_schema(&self) -> Result<SchemaRef> {
+        self.arrow_schema_of(&(0..self.meta.schema.len()).collect::<Vec<_>>())
     }
 
     /// Bytes of data stored (all columns).
@@ -146,6 +155,15 @@ impl RemoteFrame {
     /// Transport errors; [`Error::Meta`] when the stored bytes do not form valid arrays.
     pub fn to_polars(&self) -> Result<DataFrame> {
         let all: Vec<usize> = (0..self.meta.schema.len()).collect();
+        self.polars_chunks(&all, 0..self.meta.chunks.len())
+    }
+
+    /// Reads the whole frame as arrow-rs record batches, one per stored chunk.
+    ///
+    /// # Errors
+    /// As [`RemoteFrame::to_polars`].
+    pub fn to_record_batches(&self) -> Result<Vec<RecordBatch>> {
+        let all: Vec<usize> = (0..self.meta.schema.len()).collect();
         self.read_chunks(&all, 0..self.meta.chunks.len())
     }
 
@@ -155,7 +173,21 @@ impl RemoteFrame {
     /// [`Error::UnknownColumn`], and as [`RemoteFrame::to_polars`].
     pub fn select_columns<S: AsRef<str>>(&self, names: &[S]) -> Result<DataFrame> {
         let cols = self.column_indices(names)?;
-        self.read_chunks(&cols, 0..self.meta.chunks.len())
+        self.polars_chunks(&cols, 0..self.meta.chunks.len())
+    }
+
+    /// Chunks `range` of columns `cols` as one DataFrame (one Polars chunk per stored
+    /// chunk; the arrays are shared, not copied).
+    pub(crate) fn polars_chunks(
+        &self,
+        cols: &[usize],
+        range: std::ops::Range<usize>,
+    ) -> Result<DataFrame> {
+        let mut batches = self.read_chunks(cols, range)?;
+        if batches.is_empty() {
+            batches.push(RecordBatch::new_empty(self.arrow_schema_of(cols)?));
+        }
+        interop::from_record_batches(&batches)
     }
 
     /// Streams the named columns (all if `columns` is `None`) as batches of whole
@@ -189,15 +221,31 @@ impl RemoteFrame {
         Ok(())
     }
 
-    /// Reads chunks `range` of columns `cols` (schema indices) into one DataFrame.
+    /// The arrow-rs schema of columns `cols` (schema indices), every field nullable.
+    ///
+    /// # Errors
+    /// [`Error::Meta`] for a stored type arrow-rs cannot hold.
+    pub(crate) fn arrow_schema_of(&self, cols: &[usize]) -> Result<SchemaRef> {
+        let fields = cols
+            .iter()
+            .map(|&i| {
+                let c = &self.meta.schema[i];
+                Ok(Field::new(&c.name, c.dtype.arrow_type()?, true))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(ArrowSchema::new(fields)))
+    }
+
+    /// Reads chunks `range` of columns `cols` (schema indices): one record batch per
+    /// chunk.
     pub(crate) fn read_chunks(
         &self,
         cols: &[usize],
         range: std::ops::Range<usize>,
-    ) -> Result<DataFrame> {
+    ) -> Result<Vec<RecordBatch>> {
         let chunks = &self.meta.chunks[range];
-        let rows: usize = chunks.iter().map(|c| c.rows as usize).sum();
         let schema = &self.meta.schema;
+        let batch_schema = self.arrow_schema_of(cols)?;
         // Typed destinations for every buffer wanted.
         let mut dests: Vec<Vec<Vec<codec::Dest>>> = chunks
             .iter()
@@ -264,41 +312,27 @@ impl RemoteFrame {
             })?;
         }
         env.add_in(total);
-        // Arrays per column, chunk after chunk.
-        let mut per_col: Vec<Vec<ArrayRef>> = cols
+        // A batch per chunk, its columns' arrays built from the filled buffers.
+        chunks
             .iter()
-            .map(|_| Vec::with_capacity(chunks.len()))
-            .collect();
-        for (ch, cd) in chunks.iter().zip(dests) {
-            for ((k, &i), ds) in cols.iter().enumerate().zip(cd) {
-                let c = &schema[i];
-                per_col[k].push(codec::decode(
-                    &c.name,
-                    c.dtype,
-                    ch.rows as usize,
-                    &ch.columns[i],
-                    ds,
-                )?);
-            }
-        }
-        let mut columns: Vec<Column> = Vec::with_capacity(cols.len());
-        for (arrays, &i) in per_col.into_iter().zip(cols) {
-            let c = &schema[i];
-            let name = PlSmallStr::from(c.name.as_str());
-            let s = if arrays.is_empty() {
-                Series::new_empty(name, &codec::polars_type(c.dtype))
-            } else {
-                Series::try_from((name, arrays))?
-            };
-            let want = codec::polars_type(c.dtype);
-            let s = if s.dtype() != &want && !matches!(want, DataType::Null) {
-                s.cast(&want)?
-            } else {
-                s
-            };
-            columns.push(s.into_column());
-        }
-        Ok(DataFrame::new(rows, columns)?)
+            .zip(dests)
+            .map(|(ch, cd)| {
+                let rows = ch.rows as usize;
+                let arrays = cols
+                    .iter()
+                    .zip(cd)
+                    .map(|(&i, ds)| {
+                        let c = &schema[i];
+                        codec::decode(&c.name, c.dtype, rows, &ch.columns[i], ds)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(RecordBatch::try_new_with_options(
+                    batch_schema.clone(),
+                    arrays,
+                    &RecordBatchOptions::new().with_row_count(Some(rows)),
+                )?)
+            })
+            .collect()
     }
 }
 
@@ -345,7 +379,7 @@ impl Batches {
             let held = self.frame.env.hold(bytes);
             let f = self.frame.clone();
             let cols = self.cols.clone();
-            self.ahead = Some((std::thread::spawn(move || f.read_chunks(&cols, g)), held));
+            self.ahead = Some((std::thread::spawn(move || f.polars_chunks(&cols, g)), held));
         }
     }
 }
@@ -379,20 +413,22 @@ impl Drop for Batches {
     }
 }
 
-/// Writes DataFrames chunk by chunk into a new [`RemoteFrame`].
+/// Writes record batches (or Polars DataFrames) chunk by chunk into a new
+/// [`RemoteFrame`].
 pub struct FrameWriter {
     env: FrameEnv,
     schema: Option<Vec<ColumnMeta>>,
     chunks: Vec<ChunkMeta>,
     rows: u64,
     /// Small pushes gathered until they make a whole chunk (see
-    /// [`FrameWriter::coalescing`]), and their bytes counted as held.
-    pending: Option<(DataFrame, crate::env::Held)>,
+    /// [`FrameWriter::coalescing`]), their rows and bytes, and those bytes counted as
+    /// held.
+    pending: Option<(Vec<RecordBatch>, usize, u64, crate::env::Held)>,
     coalesce: bool,
 }
 
 impl FrameWriter {
-    /// A writer whose schema is that of the first DataFrame pushed.
+    /// A writer whose schema is that of the first batch pushed.
     pub fn new(env: &FrameEnv) -> Self {
         FrameWriter {
             env: env.clone(),
@@ -412,74 +448,131 @@ impl FrameWriter {
         self
     }
 
-    /// A writer for the given Polars schema (so an empty result keeps its columns).
+    /// A writer for the given arrow-rs schema (so an empty result keeps its columns).
     ///
     /// # Errors
     /// [`Error::UnsupportedType`].
-    pub fn with_schema(env: &FrameEnv, schema: &Schema) -> Result<Self> {
+    pub fn with_arrow_schema(env: &FrameEnv, schema: &ArrowSchema) -> Result<Self> {
         let mut w = Self::new(env);
         w.schema = Some(schema_meta(schema)?);
         Ok(w)
     }
 
-    /// Rows pushed so far.
-    pub fn rows(&self) -> u64 {
-        self.rows + self.pending.as_ref().map_or(0, |(p, _)| p.height() as u64)
-    }
-
-    /// Appends `df`, cut into chunks of the env's chunk size.
+    /// A writer for the given Polars schema (so an empty result keeps its columns).
     ///
     /// # Errors
-    /// [`Error::UnknownColumn`] / [`Error::TypeMismatch`] when `df` does not match
-    /// the schema; [`Error::UnsupportedType`]; allocation and transport errors.
-    pub fn push(&mut self, df: &DataFrame) -> Result<()> {
-        let meta = schema_meta(df.schema())?;
-        match &self.schema {
-            None => self.schema = Some(meta),
-            Some(s) => check_same_schema(s, &meta)?,
-        }
-        let step = self.env.chunk_rows();
-        if self.coalesce {
-            if df.height() == 0 {
-                return Ok(());
-            }
-            let gathered = match self.pending.take() {
-                Some((mut p, held)) => {
-                    p.vstack_mut(df)?;
-                    Some((p, held))
-                }
-                None if df.height() < step => Some((df.clone(), self.env.hold(0))),
-                None => None,
-            };
-            match gathered {
-                Some((p, mut held)) if p.height() < step => {
-                    held.set(p.estimated_size() as u64);
-                    self.pending = Some((p, held));
-                    return Ok(());
-                }
-                Some((p, _held)) => return self.write_rows(&p),
-                None => {}
-            }
-        }
-        self.write_rows(df)
+    /// [`Error::UnsupportedType`].
+    pub fn with_schema(env: &FrameEnv, schema: &Schema) -> Result<Self> {
+        let empty = DataFrame::empty_with_schema(schema);
+        let mut w = Self::new(env);
+        w.schema = Some(schema_meta(polars_arrow_schema(&empty)?.as_ref())?);
+        Ok(w)
     }
 
-    fn write_rows(&mut self, df: &DataFrame) -> Result<()> {
+    /// Rows pushed so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+            + self
+                .pending
+                .as_ref()
+                .map_or(0, |(_, rows, _, _)| *rows as u64)
+    }
+
+    /// Appends a Polars DataFrame, cut into chunks of the env's chunk size.
+    ///
+    /// # Errors
+    /// As [`FrameWriter::push_batch`].
+    pub fn push(&mut self, df: &DataFrame) -> Result<()> {
+        if df.height() == 0 {
+            // Nothing to write, but the columns say what the frame holds.
+            let schema = polars_arrow_schema(df)?;
+            return self.check_schema(&schema);
+        }
         let step = self.env.chunk_rows();
         let mut off = 0;
         while off < df.height() {
             let len = step.min(df.height() - off);
-            self.write_chunk(&df.slice(off as i64, len))?;
+            // One Polars chunk per slice, so it becomes one record batch (one copy
+            // only where the slice spans several chunks).
+            let mut slice = df.slice(off as i64, len);
+            slice.rechunk_mut();
+            for batch in interop::to_record_batches(&slice)? {
+                self.push_batch(&batch)?;
+            }
             off += len;
         }
         Ok(())
     }
 
-    fn write_chunk(&mut self, df: &DataFrame) -> Result<()> {
-        let encoded = df
+    /// Appends a record batch, cut into chunks of the env's chunk size.
+    ///
+    /// # Errors
+    /// [`Error::UnknownColumn`] / [`Error::TypeMismatch`] when the batch does not
+    /// match the schema; [`Error::UnsupportedType`]; allocation and transport errors.
+    pub fn push_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.check_schema(batch.schema_ref())?;
+        let step = self.env.chunk_rows();
+        if self.coalesce {
+            let rows = batch.num_rows();
+            if rows == 0 {
+                return Ok(());
+            }
+            // Sized as Polars sizes DataFrames, like the rest of the kernels' holds.
+            let bytes =
+                interop::from_record_batches(std::slice::from_ref(batch))?.estimated_size() as u64;
+            let gathered = match self.pending.take() {
+                Some((mut p, n, b, held)) => {
+                    p.push(batch.clone());
+                    Some((p, n + rows, b + bytes, held))
+                }
+                None if rows < step => Some((vec![batch.clone()], rows, bytes, self.env.hold(0))),
+                None => None,
+            };
+            match gathered {
+                Some((p, n, b, mut held)) if n < step => {
+                    held.set(b);
+                    self.pending = Some((p, n, b, held));
+                    return Ok(());
+                }
+                Some((p, _, _, _held)) => {
+                    let whole = concat_batches(batch.schema_ref(), &p)?;
+                    return self.write_rows(&whole);
+                }
+                None => {}
+            }
+        }
+        self.write_rows(batch)
+    }
+
+    /// Sets the schema from the first batch, or checks a batch against it.
+    fn check_schema(&mut self, schema: &ArrowSchema) -> Result<()> {
+        let meta = schema_meta(schema)?;
+        match &self.schema {
+            None => {
+                self.schema = Some(meta);
+                Ok(())
+            }
+            Some(s) => check_same_schema(s, &meta),
+        }
+    }
+
+    fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
+        let step = self.env.chunk_rows();
+        let mut off = 0;
+        while off < batch.num_rows() {
+            let len = step.min(batch.num_rows() - off);
+            self.write_chunk(&batch.slice(off, len))?;
+            off += len;
+        }
+        Ok(())
+    }
+
+    fn write_chunk(&mut self, batch: &RecordBatch) -> Result<()> {
+        let encoded = batch
             .columns()
             .iter()
-            .map(|c| EncodedColumn::new(&c.as_materialized_series().rechunk()))
+            .zip(batch.schema_ref().fields())
+            .map(|(a, f)| EncodedColumn::new(f.name(), a))
             .collect::<Result<Vec<_>>>()?;
         let mut columns = Vec::with_capacity(encoded.len());
         let mut pieces: Vec<(u64, &[u8])> = Vec::new();
@@ -526,9 +619,9 @@ impl FrameWriter {
         }
         self.env
             .add_out(pieces.iter().map(|(_, b)| b.len() as u64).sum());
-        self.rows += df.height() as u64;
+        self.rows += batch.num_rows() as u64;
         self.chunks.push(ChunkMeta {
-            rows: df.height() as u64,
+            rows: batch.num_rows() as u64,
             element,
             addr,
             bytes,
@@ -542,8 +635,11 @@ impl FrameWriter {
     /// # Errors
     /// [`Error::InvalidArgument`] if nothing was pushed and no schema was given.
     pub fn finish(mut self) -> Result<RemoteFrame> {
-        if let Some((p, _held)) = self.pending.take() {
-            self.write_rows(&p)?;
+        if let Some((p, _, _, _held)) = self.pending.take() {
+            if let Some(first) = p.first() {
+                let whole = concat_batches(first.schema_ref(), &p)?;
+                self.write_rows(&whole)?;
+            }
         }
         let schema = self.schema.ok_or_else(|| {
             Error::InvalidArgument("a frame writer finished without a schema or any data".into())
@@ -561,13 +657,29 @@ impl FrameWriter {
     }
 }
 
-pub(crate) fn schema_meta(schema: &Schema) -> Result<Vec<ColumnMeta>> {
+/// The arrow-rs schema Polars exports `df`'s columns as.
+fn polars_arrow_schema(df: &DataFrame) -> Result<SchemaRef> {
+    let empty = df.clear();
+    match interop::to_record_batches(&empty)?.first() {
+        Some(b) => Ok(b.schema()),
+        None => Ok(Arc::new(ArrowSchema::new(
+            empty
+                .get_column_names()
+                .iter()
+                .map(|n| Field::new(n.as_str(), arrow_schema::DataType::Null, true))
+                .collect::<Vec<_>>(),
+        ))),
+    }
+}
+
+pub(crate) fn schema_meta(schema: &ArrowSchema) -> Result<Vec<ColumnMeta>> {
     schema
+        .fields()
         .iter()
-        .map(|(name, dt)| {
+        .map(|f| {
             Ok(ColumnMeta {
-                name: name.to_string(),
-                dtype: codec::column_type(name, dt)?,
+                name: f.name().clone(),
+                dtype: codec::column_type(f.name(), f.data_type())?,
             })
         })
         .collect()

@@ -27,6 +27,11 @@ fn polars_to_arrow(
     array: Box<dyn polars_arrow::array::Array>,
     name: &str,
 ) -> Result<ArrowArrayRef> {
+    if array.dtype() == &polars_arrow::datatypes::ArrowDataType::Null {
+        // Polars exports a null array with a buffer slot arrow-rs refuses; it has no
+        // data to share anyway.
+        return Ok(Arc::new(arrow_array::NullArray::new(array.len())));
+    }
     let field =
         polars_arrow::datatypes::Field::new(PlSmallStr::from(name), array.dtype().clone(), true);
     let c_schema = pa_ffi::export_field_to_c(&field);

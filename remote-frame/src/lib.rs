@@ -103,25 +103,24 @@ pub use polars::prelude::{col, lit, DataFrame, Expr, SortMultipleOptions};
 pub use query::{QueryOutput, QuerySession, QueryStats, Stage, StageOutput, StagePlan};
 
 impl RemoteFrame {
-    /// Writes arrow-rs record batches (all of one schema) as a new frame.
+    /// Writes arrow-rs record batches (all of one schema) as a new frame, each batch
+    /// cut into chunks of [`FrameEnv::chunk_rows`] rows.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for no batches or mixed schemas; as
-    /// [`RemoteFrame::from_polars`].
+    /// [`Error::InvalidArgument`] for no batches; as [`FrameWriter::push_batch`].
     pub fn from_record_batches(
         env: &FrameEnv,
         batches: &[arrow_array::RecordBatch],
     ) -> Result<Self> {
-        let df = interop::from_record_batches(batches)?;
-        Self::from_polars(env, &df)
-    }
-
-    /// Reads the frame as arrow-rs record batches (one per stored chunk).
-    ///
-    /// # Errors
-    /// As [`RemoteFrame::to_polars`]; [`Error::Arrow`].
-    pub fn to_record_batches(&self) -> Result<Vec<arrow_array::RecordBatch>> {
-        interop::to_record_batches(&self.to_polars()?)
+        let Some(first) = batches.first() else {
+            return Err(Error::InvalidArgument("no record batches given".into()));
+        };
+        let _t = env.timer();
+        let mut w = FrameWriter::with_arrow_schema(env, first.schema_ref())?;
+        for b in batches {
+            w.push_batch(b)?;
+        }
+        w.finish()
     }
 }
 

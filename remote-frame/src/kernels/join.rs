@@ -74,8 +74,8 @@ impl RemoteFrame {
         job.run(self, &right, 0, String::new(), None, &mut w)?;
         if w.rows() == 0 {
             let out = job.join_dfs(
-                empty_of(self, &self.column_names()),
-                empty_of(&right, &job.rcols),
+                empty_of(self, &self.column_names())?,
+                empty_of(&right, &job.rcols)?,
             )?;
             w.push(&out)?;
         }
@@ -218,7 +218,7 @@ impl Join {
                     .collect::<Vec<_>>(),
             )
         };
-        let mut acc = empty_of(right, &self.rk);
+        let mut acc = empty_of(right, &self.rk)?;
         let mut held = env.hold(0);
         for b in right.batches(Some(&self.rk), (env.budget() / 5).clamp(1, STREAM_CAP))? {
             let b = b?;

@@ -6,7 +6,7 @@
 //! Per-batch and per-partition work is done by Polars (lazy frames collected in
 //! memory), so a partition is joined or aggregated at Polars' own speed.
 
-use polars::prelude::{self as pl, col, DataFrame, Expr, IntoLazy, LazyFrame, PlSmallStr, Schema};
+use polars::prelude::{self as pl, col, DataFrame, Expr, IntoLazy, LazyFrame, PlSmallStr};
 
 use crate::env::FrameEnv;
 use crate::error::Result;
@@ -127,13 +127,8 @@ fn print_key(df: &DataFrame, keys: &[String]) -> String {
         .join(", ")
 }
 
-fn empty_of(frame: &RemoteFrame, cols: &[String]) -> DataFrame {
-    let s = frame.schema();
-    let sub: Schema = cols
-        .iter()
-        .filter_map(|c| s.get(c).map(|t| (PlSmallStr::from(c.as_str()), t.clone())))
-        .collect();
-    DataFrame::empty_with_schema(&sub)
+fn empty_of(frame: &RemoteFrame, cols: &[String]) -> Result<DataFrame> {
+    frame.polars_chunks(&frame.column_indices(cols)?, 0..0)
 }
 
 impl RemoteFrame {
@@ -175,7 +170,7 @@ impl RemoteFrame {
             w.push(&out)?;
         }
         if w.rows() == 0 {
-            let out = f(empty_of(self, cols).lazy()).collect()?;
+            let out = f(empty_of(self, cols)?.lazy()).collect()?;
             w.push(&out)?;
         }
         w.finish()
@@ -242,7 +237,7 @@ impl RemoteFrame {
             left -= take;
         }
         if w.rows() == 0 {
-            w.push(&empty_of(self, &self.column_names()))?;
+            w.push(&empty_of(self, &self.column_names())?)?;
         }
         w.finish()
     }

@@ -32,7 +32,7 @@ impl RemoteFrame {
         };
         job.run(self, 0, String::new(), None, &mut w)?;
         if w.rows() == 0 {
-            let out = f(empty_of(self, cols))?;
+            let out = f(empty_of(self, cols)?)?;
             w.push(&out)?;
         }
         w.finish()
@@ -90,7 +90,7 @@ impl RemoteFrame {
     /// The key of the first row, printed `k=v, ...`.
     pub(super) fn first_key(&self, keys: &[String]) -> Result<String> {
         let idx = self.column_indices(keys)?;
-        let df = self.read_chunks(&idx, 0..self.chunk_count().min(1))?;
+        let df = self.polars_chunks(&idx, 0..self.chunk_count().min(1))?;
         Ok(print_key(&df, keys))
     }
 
@@ -109,7 +109,7 @@ impl RemoteFrame {
             bytes += b;
             end += 1;
         }
-        let df = self.read_chunks(&idx, 0..end)?;
+        let df = self.polars_chunks(&idx, 0..end)?;
         let _held = self.env().hold(2 * est(&df));
         let sample_rows = df.height() as u64;
         if sample_rows == 0 {
@@ -147,7 +147,7 @@ impl RemoteFrame {
         parts: usize,
     ) -> Result<Vec<RemoteFrame>> {
         let env = self.env();
-        let sub = empty_of(self, cols);
+        let sub = empty_of(self, cols)?;
         let mut writers = (0..parts)
             .map(|_| FrameWriter::with_schema(env, sub.schema()))
             .collect::<Result<Vec<_>>>()?;
@@ -209,7 +209,7 @@ impl Partitioned<'_> {
         let bytes = frame.meta().column_bytes(&idx);
         let need = bytes.saturating_mul(2);
         if need <= budget {
-            let df = frame.read_chunks(&idx, 0..frame.chunk_count())?;
+            let df = frame.polars_chunks(&idx, 0..frame.chunk_count())?;
             let mut held = env.hold(est(&df));
             let inb = est(&df);
             let out = (self.f)(df)?;
@@ -248,7 +248,7 @@ impl Partitioned<'_> {
     pub(super) fn stream(&self, frame: &RemoteFrame) -> Result<Option<DataFrame>> {
         let env = frame.env();
         let limit = env.budget() / 10 * 4;
-        let mut acc = empty_of(frame, self.cols);
+        let mut acc = empty_of(frame, self.cols)?;
         let mut held = env.hold(0);
         for b in frame.batches(Some(self.cols), (env.budget() / 5).clamp(1, STREAM_CAP))? {
             let b = b?;

@@ -62,7 +62,7 @@ impl RemoteFrame {
             .collect();
         self.column_indices(&by.iter().map(|s| s.as_str()).collect::<Vec<_>>())?;
         let env = self.env();
-        let mut best = empty_of(self, &self.column_names());
+        let mut best = empty_of(self, &self.column_names())?;
         let mut held = env.hold(0);
         for b in self.batches::<&str>(None, self.stream_bytes())? {
             let b = b?;

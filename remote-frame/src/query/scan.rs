@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
-use arrow_schema::{Field, Schema, SchemaRef};
+use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
 use datafusion::catalog::{Session, TableProvider};
@@ -39,7 +39,6 @@ use futures::StreamExt;
 use super::owned::owned_batch;
 use super::stats::ChunkStatistics;
 use crate::frame::RemoteFrame;
-use crate::interop;
 use crate::meta::chunk_column_bytes;
 
 /// A [`RemoteFrame`] as a DataFusion table.
@@ -52,15 +51,9 @@ pub(crate) struct RemoteTable {
 
 impl RemoteTable {
     /// # Errors
-    /// As [`crate::ColumnType::arrow_type`].
+    /// As [`RemoteFrame::arrow_schema`].
     pub(crate) fn new(frame: RemoteFrame) -> crate::Result<Self> {
-        let fields = frame
-            .meta()
-            .schema
-            .iter()
-            .map(|c| Ok(Field::new(&c.name, c.dtype.arrow_type()?, true)))
-            .collect::<crate::Result<Vec<Field>>>()?;
-        let schema = Arc::new(Schema::new(fields));
+        let schema = frame.arrow_schema()?;
         let stats = Arc::new(ChunkStatistics::new(schema.clone(), &frame.meta().chunks));
         Ok(RemoteTable {
             frame,
@@ -325,7 +318,7 @@ pub(crate) fn chunk_stream(
 }
 
 /// Reads one stored chunk of the projected columns as record batches of `schema`
-/// (cast by position where the stored type differs).
+/// (see [`ChunkReader::conform`]).
 #[derive(Clone)]
 pub(crate) struct ChunkReader {
     /// The frame read.
@@ -341,43 +334,40 @@ pub(crate) struct ChunkReader {
 impl ChunkReader {
     fn read(&self, chunk: usize) -> DfResult<Vec<RecordBatch>> {
         let rows = self.frame.meta().chunks[chunk].rows as usize;
-        let df = self
-            .frame
-            .read_chunks(&self.columns, chunk..chunk + 1)
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let whole = if self.columns.is_empty() {
             // No column is needed (`count(*)`): batches of rows only.
-            vec![RecordBatch::try_new_with_options(
+            RecordBatch::try_new_with_options(
                 self.schema.clone(),
                 vec![],
                 &RecordBatchOptions::new().with_row_count(Some(rows)),
-            )?]
+            )?
         } else {
-            interop::to_record_batches(&df)
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
-                .into_iter()
-                .map(|b| self.conform(b))
-                .collect::<DfResult<Vec<_>>>()?
+            let read = self
+                .frame
+                .read_chunks(&self.columns, chunk..chunk + 1)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let Some(b) = read.into_iter().next() else {
+                return Ok(Vec::new());
+            };
+            self.conform(&b)?
         };
+        if whole.num_rows() <= self.batch_rows {
+            return Ok(vec![whole]);
+        }
         let mut out = Vec::new();
-        for b in whole {
-            if b.num_rows() <= self.batch_rows {
-                out.push(b);
-                continue;
-            }
-            let mut start = 0;
-            while start < b.num_rows() {
-                let n = self.batch_rows.min(b.num_rows() - start);
-                out.push(owned_batch(&b.slice(start, n))?);
-                start += n;
-            }
+        let mut start = 0;
+        while start < whole.num_rows() {
+            let n = self.batch_rows.min(whole.num_rows() - start);
+            out.push(owned_batch(&whole.slice(start, n))?);
+            start += n;
         }
         Ok(out)
     }
 
-    /// Casts columns whose exported type differs from the table's (a decimal's
-    /// precision, say) and puts the table's schema on the batch.
-    fn conform(&self, b: RecordBatch) -> DfResult<RecordBatch> {
+    /// Puts the scan's schema on a batch read: the names of a projection, and the
+    /// types a stage's consumer expects where the stored ones differ (frames hold no
+    /// 8- or 16-bit integers).
+    fn conform(&self, b: &RecordBatch) -> DfResult<RecordBatch> {
         let columns: Vec<ArrayRef> = b
             .columns()
             .iter()

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
-use arrow_array::{new_null_array, ArrayRef, RecordBatch};
+use arrow_array::{new_null_array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::compute::cast;
 use datafusion::common::{DataFusionError, Result as DfResult, Statistics};
@@ -43,7 +43,6 @@ use super::scan::{chunk_stream, ChunkReader};
 use super::{is_ordered, QuerySession, QueryStats};
 use crate::error::{Error, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
-use crate::interop;
 
 /// One stage of a query, as [`QuerySession::stages`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -348,8 +347,8 @@ async fn write_partition(
     while let Some(batch) = stream.next().await {
         let pushed = batch
             .map_err(|e| Error::Query(Box::new(e)))
-            .and_then(|b| storage.to_polars(&b))
-            .and_then(|df| tokio::task::block_in_place(|| writer.push(&df)));
+            .and_then(|b| storage.stored(&b))
+            .and_then(|b| tokio::task::block_in_place(|| writer.push_batch(&b)));
         if let Err(e) = pushed {
             failure = Some(e);
             break;
@@ -405,11 +404,11 @@ impl StorageSchema {
     }
 
     fn writer(&self, env: &crate::env::FrameEnv) -> Result<FrameWriter> {
-        let empty = self.to_polars(&RecordBatch::new_empty(self.schema.clone()))?;
-        FrameWriter::with_schema(env, empty.schema())
+        FrameWriter::with_arrow_schema(env, &self.schema)
     }
 
-    fn to_polars(&self, batch: &RecordBatch) -> Result<polars::prelude::DataFrame> {
+    /// `batch` in the storage schema.
+    fn stored(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         let columns: Vec<ArrayRef> = if self.placeholder {
             vec![new_null_array(&DataType::Null, batch.num_rows())]
         } else {
@@ -426,8 +425,11 @@ impl StorageSchema {
                 })
                 .collect::<Result<_>>()?
         };
-        let stored = RecordBatch::try_new(self.schema.clone(), columns)?;
-        interop::from_record_batches(&[stored])
+        Ok(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        )?)
     }
 }
 
