@@ -49,6 +49,7 @@ mod join;
 mod join_order;
 mod key_bounds;
 mod lazy;
+mod measure;
 mod numeric;
 mod operator;
 mod owned;
@@ -434,7 +435,6 @@ impl QuerySession {
     ) -> Result<QueryOutput> {
         // One query at a time: the budget and the spill accounting are the session's.
         let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = Instant::now();
         let before = self.measure_start();
         let (logical, physical) = plan()?;
         let collected = self
@@ -443,7 +443,7 @@ impl QuerySession {
         self.await_spill_release();
         let batches = collected.map_err(|e| self.run_error(e))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let stats = self.measure_end(start, before, rows, physical.as_ref());
+        let stats = self.measure_end(before, rows, physical.as_ref());
         Ok(QueryOutput {
             schema: physical.schema(),
             batches,
@@ -529,24 +529,6 @@ fn is_ordered(plan: &LogicalPlan) -> bool {
         LogicalPlan::SubqueryAlias(a) => is_ordered(&a.input),
         _ => false,
     }
-}
-
-/// Bytes read from memory elements by the plan's scans of tables and stage outputs
-/// (their `bytes_read` metric).
-fn scan_bytes(plan: &dyn ExecutionPlan) -> u64 {
-    let own = if plan.is::<scan::RemoteScanExec>() || plan.is::<stage::StageInputExec>() {
-        plan.metrics()
-            .and_then(|m| m.sum_by_name("bytes_read"))
-            .map(|v| v.as_usize() as u64)
-            .unwrap_or(0)
-    } else {
-        0
-    };
-    own + plan
-        .children()
-        .into_iter()
-        .map(|c| scan_bytes(c.as_ref()))
-        .sum::<u64>()
 }
 
 /// Maps a DataFusion error: our own errors come back as themselves, SQL the engine
