@@ -4,8 +4,8 @@
 //! - [`buffer`]: the buffer protocol over registered buffers (`trans.buf`).
 //! - [`pool`]: `BufferPool`, `Store` and `RemoteBytes`, under `disaggrt` and
 //!   `scad.RemoteArray`.
-//! - [`join`]: the `npjoin` functions over NumPy arrays (kernels in
-//!   `scad_remote_frame::npjoin`).
+//! - [`join`]: the `npjoin` functions over NumPy arrays (kernels in the
+//!   `scad-npjoin` crate).
 //! - [`server`]: embedded memory servers and the `memory_server` console script.
 //! - [`frame`]: `FrameEnv` and `Frame` (scad-remote-frame) behind `scad.RemoteFrame`,
 //!   with data in and out through the Arrow PyCapsule interface ([`arrow_ffi`]) and

@@ -24,8 +24,6 @@
 //! Expressions are Polars' own ([`col`], [`lit`], [`Expr`]); each batch or partition
 //! is processed by Polars in memory, so per-partition speed is Polars' speed.
 //! [`expr_json`] builds them from the versioned JSON tree the Python package sends.
-//! [`npjoin`] holds the plain-slice join, partition and counting-sort kernels of
-//! the wheel's `npjoin` module.
 //!
 //! ## Layout in remote memory
 //! A chunk of `n` rows is one allocation on one memory element (chunks are dealt
@@ -91,7 +89,6 @@ pub(crate) mod hash;
 mod interop;
 pub mod kernels;
 pub mod meta;
-pub mod npjoin;
 pub mod query;
 
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
