@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use scad_remote_frame::expr_json::{self, ExprJsonError};
 use scad_remote_frame::{
-    dataframe_to_record_batches, record_batches_to_dataframe, Batches, Error as FrameError,
+    dataframe_to_record_batches, record_batches_to_dataframe, Batches, Budget, Error as FrameError,
     FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
 };
 
@@ -115,15 +115,8 @@ impl PyFrameEnv {
         chunk_rows: Option<usize>,
         elements: Option<Vec<String>>,
     ) -> PyResult<Self> {
-        let mut env = FrameEnv::new(Arc::clone(store.inner.elements()));
-        if let Some(b) = budget {
-            if b == 0 {
-                return Err(PyValueError::new_err(
-                    "the budget must be at least one byte",
-                ));
-            }
-            env = env.with_budget(b);
-        }
+        let budget = Budget::from_limit(budget).map_err(frame_err)?;
+        let mut env = FrameEnv::new(Arc::clone(store.inner.elements())).with_budget(budget);
         if let Some(r) = chunk_rows {
             if r == 0 {
                 return Err(PyValueError::new_err("chunk_rows must be at least 1"));
@@ -146,7 +139,7 @@ impl PyFrameEnv {
     /// The local memory budget in bytes (None: unlimited).
     #[getter]
     fn budget(&self) -> Option<u64> {
-        Some(self.inner.budget()).filter(|b| *b != u64::MAX)
+        self.inner.budget().limit()
     }
 
     /// Rows per stored chunk of new frames.
@@ -279,7 +272,11 @@ impl PyFrame {
     }
 
     fn batch_bytes(&self) -> u64 {
-        (self.inner.env().budget() / 4).clamp(1, STREAM_BATCH_CAP)
+        self.inner
+            .env()
+            .budget()
+            .limit()
+            .map_or(STREAM_BATCH_CAP, |b| (b / 4).clamp(1, STREAM_BATCH_CAP))
     }
 }
 

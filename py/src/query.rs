@@ -115,7 +115,7 @@ impl PyQuerySession {
         d.set_item("elapsed_s", stats.elapsed.as_secs_f64())?;
         d.set_item("rows", stats.rows)?;
         d.set_item("peak_local_bytes", stats.peak_local_bytes)?;
-        d.set_item("budget", Some(stats.budget).filter(|b| *b != u64::MAX))?;
+        d.set_item("budget", stats.budget.limit())?;
         d.set_item("scan_bytes", stats.scan_bytes)?;
         d.set_item("spill_files", stats.spill_files)?;
         d.set_item("bytes_written", written)?;
@@ -131,7 +131,7 @@ impl PyQuerySession {
     /// The session's local memory budget in bytes (None: unlimited).
     #[getter]
     fn budget(&self) -> Option<u64> {
-        Some(self.inner.env().budget()).filter(|b| *b != u64::MAX)
+        self.inner.env().budget().limit()
     }
 }
 
@@ -195,7 +195,7 @@ impl PyQueryResult {
         d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
         d.set_item("rows", s.rows)?;
         d.set_item("peak_local_bytes", s.peak_local_bytes)?;
-        d.set_item("budget", Some(s.budget).filter(|b| *b != u64::MAX))?;
+        d.set_item("budget", s.budget.limit())?;
         d.set_item("scan_bytes", s.scan_bytes)?;
         d.set_item("spill_files", s.spill_files)?;
         d.set_item("spill_bytes_written", s.spill_bytes_written)?;

@@ -117,10 +117,10 @@ pub enum Error {
 
     /// An operator that cannot spill needed more local memory than the query's
     /// budget; the detail names the operators holding the most.
-    #[error("the query needs more local memory than its budget of {budget} bytes: {detail}")]
+    #[error("the query needs more local memory than its budget of {budget}: {detail}")]
     OutOfBudget {
         /// The budget.
-        budget: u64,
+        budget: crate::Budget,
         /// DataFusion's account of the failed reservation.
         detail: String,
     },

@@ -24,11 +24,11 @@
 //! use polars::prelude::*;
 //! use scad_core::transport::LocalTransport;
 //! use scad_remote_array::MemoryElements;
-//! use scad_remote_frame::{FrameEnv, QuerySession, RemoteFrame};
+//! use scad_remote_frame::{Budget, FrameEnv, QuerySession, RemoteFrame};
 //!
 //! let elements = Arc::new(MemoryElements::new());
 //! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
-//! let env = FrameEnv::new(elements).with_budget(16 << 20);
+//! let env = FrameEnv::new(elements).with_budget(Budget::bytes(16 << 20)?);
 //! let sales = df!("item" => [1i64, 2, 2, 3], "price" => [1.0, 2.0, 3.0, 4.0])?;
 //! let sales = RemoteFrame::from_polars(&env, &sales)?;
 //!
@@ -83,6 +83,7 @@ use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use polars::prelude::DataFrame;
 
+use crate::budget::Budget;
 use crate::env::FrameEnv;
 use crate::error::{Error, Result};
 use crate::frame::RemoteFrame;
@@ -125,8 +126,8 @@ pub struct QueryStats {
     pub rows: usize,
     /// The most local memory the query's operators had reserved at once.
     pub peak_local_bytes: u64,
-    /// The session's budget (`u64::MAX`: unlimited).
-    pub budget: u64,
+    /// The session's budget.
+    pub budget: Budget,
     /// Bytes the scans read from memory elements.
     pub scan_bytes: u64,
     /// Spill files written to memory elements.
@@ -220,7 +221,10 @@ impl QueryOutput {
                 self.stats.rows,
                 self.stats.elapsed,
                 self.stats.peak_local_bytes,
-                self.stats.budget,
+                self.stats
+                    .budget
+                    .limit()
+                    .map_or_else(|| "unlimited".to_owned(), |b| b.to_string()),
                 self.stats.scan_bytes,
                 self.stats.spill_files,
                 self.stats.spill_bytes_written,
@@ -256,9 +260,8 @@ impl QuerySession {
 
     fn build(env: &FrameEnv, partitions_wanted: Option<usize>) -> Result<Self> {
         let budget = env.budget();
-        let inner: Arc<dyn MemoryPool> = if budget == u64::MAX {
-            Arc::new(UnboundedMemoryPool::default())
-        } else {
+        let limit = budget.limit();
+        let inner: Arc<dyn MemoryPool> = if let Some(limit) = limit {
             let top = NonZeroUsize::new(5).unwrap_or(NonZeroUsize::MIN);
             // First come, first served: an operator that cannot get memory spills
             // (or, if it cannot spill, fails naming itself). DataFusion's fair pool
@@ -266,9 +269,11 @@ impl QuerySession {
             // an aggregate. Operators that run plans of their own (the spilling
             // aggregate's partitions) lend them memory they reserved up front.
             Arc::new(TrackConsumersPool::new(
-                GreedyMemoryPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
+                GreedyMemoryPool::new(usize::try_from(limit).unwrap_or(usize::MAX)),
                 top,
             ))
+        } else {
+            Arc::new(UnboundedMemoryPool::default())
         };
         let pool = Arc::new(PeakPool::new(inner));
         let spill = Arc::new(SpillCounters::default());
@@ -282,7 +287,7 @@ impl QuerySession {
                     // A sort merges at most this many spilled runs at once (more in
                     // further passes); unbounded, its merge takes all the memory
                     // free when it starts and starves the operators above it.
-                    .with_max_spill_merge_fan_in(if budget == u64::MAX { 0 } else { MERGE_FAN_IN }),
+                    .with_max_spill_merge_fan_in(if limit.is_some() { MERGE_FAN_IN } else { 0 }),
             )
             .build_arc()
             .map_err(query_error)?;
@@ -293,12 +298,12 @@ impl QuerySession {
             .with_target_partitions(partitions_wanted.unwrap_or(partitions(budget, threads)))
             .with_batch_size(batch_rows(budget))
             .with_information_schema(false);
-        if budget != u64::MAX {
+        if let Some(limit) = limit {
             // A sort keeps this much back for merging its spilled runs; DataFusion's
             // default (10 MiB) would be most of a small budget. The merge cannot spill,
             // and a second sort in the same pipeline (two windows in a row) fills the
             // pool while it runs: budget/64 was too little for one more batch there.
-            let reserve = (budget / 32).clamp(16 << 10, 10 << 20) as usize;
+            let reserve = (limit / 32).clamp(16 << 10, 10 << 20) as usize;
             config.options_mut().execution.sort_spill_reservation_bytes = reserve;
         }
         // Build sides by estimated cardinality: right after DataFusion's
@@ -310,7 +315,7 @@ impl QuerySession {
             .position(|r| r.name() == "join_selection")
             .map_or(0, |i| i + 1);
         rules.insert(at, Arc::new(join_order::JoinOrder));
-        if budget != u64::MAX {
+        if limit.is_some() {
             // Aggregation stays in two phases under a budget: the partial phase emits
             // early when its memory runs short, and the final phase is the one
             // SpillingAggregates makes spill by partitioning.
@@ -321,7 +326,7 @@ impl QuerySession {
             .with_runtime_env(runtime_env)
             .with_default_features()
             .with_physical_optimizer_rules(rules);
-        if budget != u64::MAX {
+        if limit.is_some() {
             state = state
                 .with_physical_optimizer_rule(Arc::new(join::SpillingJoins))
                 .with_physical_optimizer_rule(Arc::new(aggregate::SpillingAggregates))
@@ -506,15 +511,21 @@ const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
 /// than one: joins DataFusion collects on one side fail when split, and q21 hung.
 const PARTITION_BUDGET: u64 = 256 << 20;
 
-fn partitions(budget: u64, threads: usize) -> usize {
-    let by_budget = usize::try_from(budget / PARTITION_BUDGET).unwrap_or(usize::MAX);
+fn partitions(budget: Budget, threads: usize) -> usize {
+    let Some(limit) = budget.limit() else {
+        return threads.max(1);
+    };
+    let by_budget = usize::try_from(limit / PARTITION_BUDGET).unwrap_or(usize::MAX);
     threads.min(by_budget).max(1)
 }
 
 /// Rows per batch: DataFusion's 8192, fewer for small budgets (about 2 KiB of budget
 /// per row), so that a sort's or aggregate's share holds several batches.
-fn batch_rows(budget: u64) -> usize {
-    usize::try_from(budget / 2048)
+fn batch_rows(budget: Budget) -> usize {
+    let Some(limit) = budget.limit() else {
+        return 8192;
+    };
+    usize::try_from(limit / 2048)
         .unwrap_or(usize::MAX)
         .clamp(1024, 8192)
 }
