@@ -100,6 +100,8 @@ fn arrow_err(e: ArrowError) -> PyErr {
 #[pyclass(module = "scad._native", name = "FrameEnv", frozen)]
 pub struct PyFrameEnv {
     pub(crate) inner: FrameEnv,
+    /// Where `scad.sql` and `scad.explain` run over this env.
+    pub(crate) sql_session: crate::query::EnvSession,
 }
 
 #[pymethods]
@@ -133,7 +135,10 @@ impl PyFrameEnv {
             }
             env = env.with_elements(names);
         }
-        Ok(PyFrameEnv { inner: env })
+        Ok(PyFrameEnv {
+            inner: env,
+            sql_session: Default::default(),
+        })
     }
 
     /// The local memory budget in bytes (None: unlimited).

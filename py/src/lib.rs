@@ -58,6 +58,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(join::partition_on, m)?)?;
     m.add_function(wrap_pyfunction!(join::partition_on_pair, m)?)?;
     m.add_function(wrap_pyfunction!(join::groupsort_indexer, m)?)?;
+    m.add_function(wrap_pyfunction!(query::sql_in_env, m)?)?;
+    m.add_function(wrap_pyfunction!(query::explain_in_env, m)?)?;
+    m.add_function(wrap_pyfunction!(query::env_sessions_started, m)?)?;
     m.add_function(wrap_pyfunction!(server::py_parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(server::memory_server_main, m)?)?;
     Ok(())

@@ -101,7 +101,7 @@ pub use stage::{Stage, StageOutput, StagePlan};
 pub struct QuerySession {
     env: FrameEnv,
     ctx: SessionContext,
-    runtime: tokio::runtime::Runtime,
+    runtime: Arc<tokio::runtime::Runtime>,
     pool: Arc<PeakPool>,
     spill: Arc<SpillCounters>,
     tables: Mutex<BTreeMap<String, RemoteFrame>>,
@@ -335,11 +335,7 @@ impl QuerySession {
         let ctx = SessionContext::new_with_state(state.build());
         ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
         ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("scad-query")
-            .build()
-            .map_err(|e| Error::Query(Box::new(DataFusionError::IoError(e))))?;
+        let runtime = shared_runtime(threads)?;
         Ok(QuerySession {
             env: env.clone(),
             ctx,
@@ -374,6 +370,20 @@ impl QuerySession {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name.to_owned(), frame.clone());
         Ok(())
+    }
+
+    /// Removes table `name`; whether there was one. Queries running on the session
+    /// keep the frames they already planned with.
+    ///
+    /// # Errors
+    /// [`Error::Query`] when DataFusion's catalog refuses the name.
+    pub fn deregister(&self, name: &str) -> Result<bool> {
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        if tables.remove(name).is_none() {
+            return Ok(false);
+        }
+        self.ctx.deregister_table(name).map_err(query_error)?;
+        Ok(true)
     }
 
     /// Names of the registered tables.
@@ -498,6 +508,35 @@ impl QuerySession {
     }
 }
 
+/// The runtime every session runs its queries on, started by the first session of
+/// the process with a worker per core: starting a session then costs no threads, and
+/// the sessions of a process share the cores instead of each owning a worker per core.
+/// A process forked after that has none of the parent's worker threads, so it starts
+/// a runtime of its own.
+fn shared_runtime(threads: usize) -> Result<Arc<tokio::runtime::Runtime>> {
+    static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+    let mut shared = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let pid = std::process::id();
+    match shared.take() {
+        Some((owner, runtime)) if owner == pid => {
+            *shared = Some((owner, runtime.clone()));
+            return Ok(runtime);
+        }
+        // The parent's runtime: its threads do not exist here, and shutting it down
+        // would wait for them.
+        Some((_, inherited)) => std::mem::forget(inherited),
+        None => {}
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("scad-query")
+        .build()
+        .map_err(|e| Error::Query(Box::new(DataFusionError::IoError(e))))?;
+    let runtime = Arc::new(runtime);
+    *shared = Some((pid, runtime.clone()));
+    Ok(runtime)
+}
+
 /// Spilled sort runs merged at once under a budget.
 const MERGE_FAN_IN: usize = 8;
 
@@ -581,5 +620,47 @@ pub(crate) mod test_env {
             .unwrap();
         }
         FrameEnv::new(all).with_chunk_rows(4096)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use polars::prelude::df;
+
+    use super::test_env::local_env;
+    use super::QuerySession;
+    use crate::frame::RemoteFrame;
+
+    #[test]
+    fn sessions_share_one_runtime() {
+        let env = local_env(1, 16 << 20);
+        let a = QuerySession::new(&env).unwrap();
+        let b = QuerySession::with_partitions(&env, 1).unwrap();
+        assert!(Arc::ptr_eq(&a.runtime, &b.runtime));
+        let c = QuerySession::new(&env).unwrap();
+        drop(a);
+        drop(b);
+        // Dropping sessions leaves the runtime to the next.
+        let t = RemoteFrame::from_polars(&env, &df!("x" => [1i64, 2, 3]).unwrap()).unwrap();
+        c.register("t", &t).unwrap();
+        assert_eq!(c.sql("SELECT sum(x) AS s FROM t").unwrap().rows(), 1);
+    }
+
+    #[test]
+    fn a_deregistered_table_is_gone() {
+        let env = local_env(1, 16 << 20);
+        let s = QuerySession::new(&env).unwrap();
+        let t = RemoteFrame::from_polars(&env, &df!("x" => [1i64, 2, 3]).unwrap()).unwrap();
+        s.register("t", &t).unwrap();
+        assert!(s.deregister("t").unwrap());
+        assert!(s.table_names().is_empty());
+        let err = s.sql("SELECT x FROM t").unwrap_err();
+        assert!(err.to_string().contains("not found"), "{err}");
+        assert!(!s.deregister("t").unwrap());
+        // The name can be used again.
+        s.register("t", &t).unwrap();
+        assert_eq!(s.sql("SELECT x FROM t").unwrap().rows(), 3);
     }
 }
