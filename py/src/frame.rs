@@ -29,10 +29,10 @@ const STREAM_BATCH_CAP: u64 = 64 << 20;
 
 /// The Python exception for a scad-remote-frame error.
 ///
-/// Query errors: `OutOfBudget` is a `BudgetExceededError` like the kernels' budget
-/// errors, `Unsupported` a `NotImplementedError`, and `Query` a `QueryError`, or an
-/// `UnknownNameError` (a `QueryError` and a `KeyError`) when DataFusion's message says
-/// a table or column does not exist.
+/// `OutOfBudget` (a kernel's or a query operator's) and `Skew` are a
+/// `BudgetExceededError`; query errors: `UnknownName` an `UnknownNameError` (a
+/// `QueryError` and a `KeyError`), `Unsupported` a `NotImplementedError`, `Query` a
+/// `QueryError`.
 pub fn frame_err(e: FrameError) -> PyErr {
     let msg = e.to_string();
     match e {
@@ -44,29 +44,19 @@ pub fn frame_err(e: FrameError) -> PyErr {
         FrameError::MetaJson(_) | FrameError::Meta(_) | FrameError::InvalidArgument(_) => {
             PyValueError::new_err(msg)
         }
-        FrameError::BudgetExceeded { .. } | FrameError::Skew { .. } => {
+        FrameError::OutOfBudget { .. } | FrameError::Skew { .. } => {
             BudgetExceededError::new_err(msg)
         }
         FrameError::Polars(p) => polars_err(*p),
         FrameError::Arrow(_) => PyValueError::new_err(msg),
-        FrameError::Query(_) => query_err(msg),
+        FrameError::Query(_) => QueryError::new_err(msg),
+        FrameError::UnknownName { .. } => unknown_name_err(msg),
         FrameError::Unsupported(_) => PyNotImplementedError::new_err(msg),
-        FrameError::OutOfBudget { .. } => BudgetExceededError::new_err(msg),
         _ => ScadError::new_err(msg),
     }
 }
 
-/// Whether a query error's message (DataFusion's planner and schema errors) says that
-/// a table or column does not exist.
-fn names_unknown(msg: &str) -> bool {
-    msg.contains("No field named")
-        || ((msg.contains("table '") || msg.contains("column '")) && msg.contains("' not found"))
-}
-
-fn query_err(msg: String) -> PyErr {
-    if !names_unknown(&msg) {
-        return QueryError::new_err(msg);
-    }
+fn unknown_name_err(msg: String) -> PyErr {
     Python::with_gil(|py| match unknown_name_error(py) {
         Ok(class) => PyErr::from_type(class.clone(), msg),
         Err(_) => QueryError::new_err(msg),

@@ -95,7 +95,7 @@ pub mod query;
 
 pub use budget::Budget;
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
-pub use error::{Error, Result};
+pub use error::{Error, NameKind, Result};
 pub use frame::{Batches, FrameWriter, RemoteFrame};
 pub use kernels::JoinType;
 pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};

@@ -286,7 +286,10 @@ fn filter_project_sort_limit_match_polars() {
         "sort order"
     );
     let err = f.sort(&["k2"], opts.clone()).unwrap_err();
-    assert!(matches!(err, Error::BudgetExceeded { .. }), "{err}");
+    assert!(
+        matches!(err, Error::OutOfBudget { need: Some(_), .. }),
+        "{err}"
+    );
 
     let got = f
         .sort_limit(

@@ -564,7 +564,7 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
         .sql("SELECT f.qty, d.w FROM fact f JOIN dim d ON f.k1 = d.d1")
         .unwrap_err();
     assert!(
-        matches!(&err, Error::OutOfBudget { detail, .. } if detail.contains("HashJoin")),
+        matches!(&err, Error::OutOfBudget { what, .. } if what.contains("HashJoin")),
         "{err}"
     );
     assert_eq!(s.spill_bytes_held(), 0);
@@ -574,7 +574,7 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
         .sql("SELECT k1, array_agg(name) AS names FROM fact GROUP BY k1")
         .unwrap_err();
     assert!(
-        matches!(&err, Error::OutOfBudget { detail, .. } if detail.contains("Aggregate")),
+        matches!(&err, Error::OutOfBudget { what, .. } if what.contains("Aggregate")),
         "{err}"
     );
     assert_eq!(s.spill_bytes_held(), 0);

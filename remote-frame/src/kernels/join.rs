@@ -26,7 +26,7 @@ impl RemoteFrame {
     /// # Errors
     /// [`Error::UnknownColumn`]; [`Error::TypeMismatch`] for keys of different types;
     /// [`Error::InvalidArgument`] for key lists of different lengths or empty;
-    /// [`Error::Skew`], [`Error::BudgetExceeded`]; Polars, transport, allocation errors.
+    /// [`Error::Skew`], [`Error::OutOfBudget`]; Polars, transport, allocation errors.
     pub fn join<L, R, S1, S2>(
         &self,
         other: &RemoteFrame,
@@ -176,13 +176,13 @@ impl Join {
             }
         }
         if level >= MAX_LEVEL {
-            return Err(Error::BudgetExceeded {
+            return Err(Error::OutOfBudget {
                 what: format!(
                     "{} partition {path} after {level} levels of partitioning",
                     self.how.name()
                 ),
-                need,
-                budget,
+                need: Some(need),
+                budget: env.budget(),
             });
         }
         let batch = left.stream_bytes();

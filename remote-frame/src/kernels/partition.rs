@@ -226,13 +226,13 @@ impl Partitioned<'_> {
             frame.check_skew(self.kernel, self.keys, bytes, level, &path, parent_rows)?;
         }
         if level >= MAX_LEVEL {
-            return Err(Error::BudgetExceeded {
+            return Err(Error::OutOfBudget {
                 what: format!(
                     "{} partition {path} after {level} levels of partitioning",
                     self.kernel
                 ),
-                need,
-                budget,
+                need: Some(need),
+                budget: env.budget(),
             });
         }
         let p = parts_for(frame, bytes, need, budget, frame.stream_bytes());

@@ -57,12 +57,14 @@ impl QuerySession {
     /// Table `name` as the start of a lazy query.
     ///
     /// # Errors
-    /// [`crate::Error::Query`] for an unknown table.
+    /// [`crate::Error::UnknownName`] for an unknown table.
     pub fn table(&self, name: &str) -> Result<LazyQuery<'_>> {
-        let df = self
-            .runtime
-            .block_on(self.ctx.table(name))
-            .map_err(query_error)?;
+        let df = self.runtime.block_on(self.ctx.table(name)).map_err(|e| {
+            match self.ctx.table_exist(name) {
+                Ok(false) => self.unknown_table_error(name.to_owned()),
+                _ => query_error(e),
+            }
+        })?;
         Ok(LazyQuery { session: self, df })
     }
 }

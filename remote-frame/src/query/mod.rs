@@ -68,8 +68,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
 use arrow_schema::SchemaRef;
-use datafusion::common::DataFusionError;
+use datafusion::common::{DataFusionError, SchemaError};
 use datafusion::execution::disk_manager::DiskManagerBuilder;
 use datafusion::execution::memory_pool::{
     GreedyMemoryPool, MemoryPool, TrackConsumersPool, UnboundedMemoryPool,
@@ -81,11 +82,13 @@ use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use polars::prelude::DataFrame;
 
 use crate::budget::Budget;
 use crate::env::FrameEnv;
-use crate::error::{Error, Result};
+use crate::error::{Error, NameKind, Result};
 use crate::frame::RemoteFrame;
 use crate::interop;
 pub use lazy::{expr, LazyQuery};
@@ -405,7 +408,7 @@ impl QuerySession {
         let df = self
             .runtime
             .block_on(self.ctx.sql_with_options(sql, options))
-            .map_err(query_error)?;
+            .map_err(|e| self.unknown_table(sql).unwrap_or_else(|| query_error(e)))?;
         self.plan_logical(df.logical_plan())
     }
 
@@ -436,9 +439,10 @@ impl QuerySession {
     ///
     /// # Errors
     /// [`Error::Unsupported`] for SQL the engine cannot run (named in the message),
-    /// refused before anything runs; [`Error::Query`] for unknown tables or columns
-    /// and type errors; [`Error::OutOfBudget`] when an operator that cannot spill
-    /// needs more than the budget; transport errors from the scans.
+    /// refused before anything runs; [`Error::UnknownName`] for unknown tables or
+    /// columns; [`Error::Query`] for type errors; [`Error::OutOfBudget`] when an
+    /// operator that cannot spill needs more than the budget; transport errors from the
+    /// scans.
     pub fn sql(&self, sql: &str) -> Result<QueryOutput> {
         self.run(|| self.plan(sql))
     }
@@ -497,13 +501,48 @@ impl QuerySession {
         }
     }
 
+    /// Maps an error of a running query: as [`query_error`], and a reservation the
+    /// pool refused (DataFusion's `ResourcesExhausted`, however wrapped) as
+    /// [`Error::OutOfBudget`].
     fn run_error(&self, e: DataFusionError) -> Error {
         match e.find_root() {
             DataFusionError::ResourcesExhausted(detail) => Error::OutOfBudget {
+                what: detail.clone(),
+                need: None,
                 budget: self.env.budget(),
-                detail: detail.clone(),
             },
             _ => query_error(e),
+        }
+    }
+
+    /// The first table the query `sql` reads that the session does not have, as
+    /// [`Error::UnknownName`]; asked after planning failed, since DataFusion reports
+    /// a missing table only in a message. `None` when the catalog has every table the
+    /// query reads (CTE names are not tables), and for SQL that does not parse or is
+    /// not a query (a statement's target table is not read).
+    fn unknown_table(&self, sql: &str) -> Option<Error> {
+        let state = self.ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(sql, &dialect).ok()?;
+        let DfStatement::Statement(inner) = &statement else {
+            return None;
+        };
+        if !matches!(inner.as_ref(), SqlStatement::Query(_)) {
+            return None;
+        }
+        let references = state.resolve_table_references(&statement).ok()?;
+        references
+            .into_iter()
+            .find(|r| matches!(self.ctx.table_exist(r.clone()), Ok(false)))
+            .map(|r| self.unknown_table_error(r.to_string()))
+    }
+
+    /// [`Error::UnknownName`] for table `name`, listing the session's tables.
+    fn unknown_table_error(&self, name: String) -> Error {
+        Error::UnknownName {
+            kind: NameKind::Table,
+            name,
+            known: name_list(self.table_names()),
         }
     }
 }
@@ -581,20 +620,82 @@ fn is_ordered(plan: &LogicalPlan) -> bool {
     }
 }
 
-/// Maps a DataFusion error: our own errors come back as themselves, SQL the engine
-/// does not implement as [`Error::Unsupported`].
+/// Maps a DataFusion error by its variants, never by its message: our own errors
+/// (which operators and scans pass through DataFusion as external errors) come back
+/// as themselves however DataFusion wrapped them, SQL the engine does not implement
+/// as [`Error::Unsupported`], a column not in scope as [`Error::UnknownName`], the
+/// rest as [`Error::Query`].
 fn query_error(e: DataFusionError) -> Error {
+    let e = match take_ours(e) {
+        Ok(ours) => return ours,
+        Err(e) => e,
+    };
+    match e.find_root() {
+        DataFusionError::NotImplemented(what) => match &e {
+            DataFusionError::Context(ctx, _) => Error::Unsupported(format!("{ctx}: {what}")),
+            _ => Error::Unsupported(what.clone()),
+        },
+        DataFusionError::SchemaError(schema, _) => match schema.as_ref() {
+            SchemaError::FieldNotFound {
+                field,
+                valid_fields,
+            } => Error::UnknownName {
+                kind: NameKind::Column,
+                name: field.flat_name(),
+                known: name_list(valid_fields.iter().map(|c| c.flat_name())),
+            },
+            _ => Error::Query(Box::new(e)),
+        },
+        _ => Error::Query(Box::new(e)),
+    }
+}
+
+/// Names for [`Error::UnknownName`]'s `known`: comma separated, `none` for none.
+fn name_list(names: impl IntoIterator<Item = String>) -> String {
+    let names: Vec<String> = names.into_iter().collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// Our own error inside `e`, through the wrappers DataFusion puts around errors
+/// (context, diagnostics, an external or Arrow external error, a shared error held
+/// once); `e` itself, unchanged, when there is none.
+fn take_ours(e: DataFusionError) -> std::result::Result<Error, DataFusionError> {
     match e {
-        DataFusionError::NotImplemented(what) => Error::Unsupported(what),
-        DataFusionError::External(inner) => match inner.downcast::<Error>() {
-            Ok(ours) => *ours,
-            Err(other) => Error::Query(Box::new(DataFusionError::External(other))),
+        DataFusionError::External(inner) => external(inner).map_err(DataFusionError::External),
+        DataFusionError::ArrowError(arrow, backtrace) => match *arrow {
+            ArrowError::ExternalError(inner) => external(inner).map_err(|inner| {
+                DataFusionError::ArrowError(Box::new(ArrowError::ExternalError(inner)), backtrace)
+            }),
+            other => Err(DataFusionError::ArrowError(Box::new(other), backtrace)),
         },
-        DataFusionError::Context(ctx, inner) => match *inner {
-            DataFusionError::NotImplemented(what) => Error::Unsupported(format!("{ctx}: {what}")),
-            other => Error::Query(Box::new(DataFusionError::Context(ctx, Box::new(other)))),
+        DataFusionError::Context(ctx, inner) => {
+            take_ours(*inner).map_err(|inner| DataFusionError::Context(ctx, Box::new(inner)))
+        }
+        DataFusionError::Diagnostic(diagnostic, inner) => take_ours(*inner)
+            .map_err(|inner| DataFusionError::Diagnostic(diagnostic, Box::new(inner))),
+        DataFusionError::Shared(shared) => match Arc::try_unwrap(shared) {
+            Ok(inner) => take_ours(inner),
+            Err(shared) => Err(DataFusionError::Shared(shared)),
         },
-        other => Error::Query(Box::new(other)),
+        other => Err(other),
+    }
+}
+
+/// Our error in an external error, directly or inside a DataFusion error.
+fn external(
+    inner: Box<dyn std::error::Error + Send + Sync>,
+) -> std::result::Result<Error, Box<dyn std::error::Error + Send + Sync>> {
+    let inner = match inner.downcast::<Error>() {
+        Ok(ours) => return Ok(*ours),
+        Err(inner) => inner,
+    };
+    match inner.downcast::<DataFusionError>() {
+        Ok(df) => take_ours(*df).map_err(|df| Box::new(df) as _),
+        Err(inner) => Err(inner),
     }
 }
 
@@ -629,8 +730,13 @@ mod tests {
 
     use polars::prelude::df;
 
+    use arrow_schema::ArrowError;
+    use datafusion::common::DataFusionError;
+
     use super::test_env::local_env;
-    use super::QuerySession;
+    use super::{query_error, QuerySession};
+    use crate::budget::Budget;
+    use crate::error::{Error, NameKind};
     use crate::frame::RemoteFrame;
 
     #[test]
@@ -657,10 +763,91 @@ mod tests {
         assert!(s.deregister("t").unwrap());
         assert!(s.table_names().is_empty());
         let err = s.sql("SELECT x FROM t").unwrap_err();
-        assert!(err.to_string().contains("not found"), "{err}");
+        assert!(
+            matches!(&err, Error::UnknownName { kind: NameKind::Table, name, known } if name == "t" && known == "none"),
+            "{err}"
+        );
         assert!(!s.deregister("t").unwrap());
         // The name can be used again.
         s.register("t", &t).unwrap();
         assert_eq!(s.sql("SELECT x FROM t").unwrap().rows(), 3);
+    }
+
+    #[test]
+    fn our_errors_come_back_through_any_wrapping() {
+        let ours = || DataFusionError::External(Box::new(Error::InvalidArgument("mine".into())));
+        let wrapped = [
+            ours(),
+            DataFusionError::Context("reading".into(), Box::new(ours())),
+            DataFusionError::Shared(Arc::new(ours())),
+            DataFusionError::ArrowError(
+                Box::new(ArrowError::ExternalError(Box::new(
+                    DataFusionError::Context("deep".into(), Box::new(ours())),
+                ))),
+                None,
+            ),
+        ];
+        for e in wrapped {
+            let shown = e.to_string();
+            assert!(
+                matches!(query_error(e), Error::InvalidArgument(ref m) if m == "mine"),
+                "{shown}"
+            );
+        }
+        // A shared error held twice stays DataFusion's (it cannot be taken apart).
+        let shared = Arc::new(ours());
+        let twice = DataFusionError::Shared(shared.clone());
+        assert!(matches!(query_error(twice), Error::Query(_)));
+        let unsupported = DataFusionError::Context(
+            "planning".into(),
+            Box::new(DataFusionError::NotImplemented("PIVOT".into())),
+        );
+        assert!(
+            matches!(query_error(unsupported), Error::Unsupported(ref m) if m == "planning: PIVOT")
+        );
+    }
+
+    #[test]
+    fn unknown_tables_and_columns_and_an_exhausted_pool_are_typed() {
+        let env = local_env(1, 16 << 20);
+        let t = RemoteFrame::from_polars(&env, &df!("x" => [1i64, 2, 3]).unwrap()).unwrap();
+        let s = QuerySession::new(&env.with_budget(Budget::bytes(1 << 20).unwrap())).unwrap();
+        s.register("t", &t).unwrap();
+        let unknown = |e: Error| match e {
+            Error::UnknownName { kind, name, known } => (kind, name, known),
+            other => panic!("not an unknown name: {other}"),
+        };
+        let (kind, name, known) = unknown(s.sql("SELECT x FROM nope JOIN t ON true").unwrap_err());
+        assert_eq!(
+            (kind, name.as_str(), known.as_str()),
+            (NameKind::Table, "nope", "t")
+        );
+        let (kind, name, _) = unknown(s.table("nope").unwrap_err());
+        assert_eq!((kind, name.as_str()), (NameKind::Table, "nope"));
+        let (kind, name, known) = unknown(s.sql("SELECT y FROM t").unwrap_err());
+        assert_eq!(
+            (kind, name.as_str(), known.as_str()),
+            (NameKind::Column, "y", "t.x")
+        );
+        // A CTE is not a table, and another planning error stays a query error.
+        let cte = "WITH c AS (SELECT x FROM t) SELECT sum(x) AS s FROM c";
+        assert_eq!(s.sql(cte).unwrap().rows(), 1);
+        let typo = s.sql("WITH c AS (SELECT x FROM t) SELECT x + 'a' FROM c");
+        assert!(matches!(typo, Err(Error::Query(_))), "{typo:?}");
+        // A statement's target is not a table it reads.
+        let ddl = s.sql("CREATE TABLE nope AS SELECT 1");
+        assert!(matches!(ddl, Err(Error::Query(_))), "{ddl:?}");
+        // The pool's refusal, however wrapped, is the one out-of-budget error.
+        let exhausted = DataFusionError::Context(
+            "HashJoin".into(),
+            Box::new(DataFusionError::ResourcesExhausted("no more".into())),
+        );
+        match s.run_error(exhausted) {
+            Error::OutOfBudget { what, need, budget } => {
+                assert_eq!((what.as_str(), need), ("no more", None));
+                assert_eq!(budget, Budget::bytes(1 << 20).unwrap());
+            }
+            other => panic!("{other}"),
+        }
     }
 }
