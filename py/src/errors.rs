@@ -30,7 +30,7 @@ create_exception!(
     _native,
     BudgetExceededError,
     ScadError,
-    "A remote-frame kernel cannot fit its work into the local memory budget (or a skewed key cannot be split)."
+    "A remote-frame kernel or query operator cannot fit its work into the local memory budget (or a skewed key cannot be split)."
 );
 
 create_exception!(

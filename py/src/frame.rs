@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use scad_remote_frame::expr_json::{self, ExprJsonError};
 use scad_remote_frame::{
-    dataframe_to_record_batches, record_batches_to_dataframe, Batches, Error as FrameError,
+    dataframe_to_record_batches, record_batches_to_dataframe, Batches, Budget, Error as FrameError,
     FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
 };
 
@@ -29,10 +29,10 @@ const STREAM_BATCH_CAP: u64 = 64 << 20;
 
 /// The Python exception for a scad-remote-frame error.
 ///
-/// Query errors: `OutOfBudget` is a `BudgetExceededError` like the kernels' budget
-/// errors, `Unsupported` a `NotImplementedError`, and `Query` a `QueryError`, or an
-/// `UnknownNameError` (a `QueryError` and a `KeyError`) when DataFusion's message says
-/// a table or column does not exist.
+/// `OutOfBudget` (a kernel's or a query operator's) and `Skew` are a
+/// `BudgetExceededError`; query errors: `UnknownName` an `UnknownNameError` (a
+/// `QueryError` and a `KeyError`), `Unsupported` a `NotImplementedError`, `Query` a
+/// `QueryError`.
 pub fn frame_err(e: FrameError) -> PyErr {
     let msg = e.to_string();
     match e {
@@ -44,29 +44,19 @@ pub fn frame_err(e: FrameError) -> PyErr {
         FrameError::MetaJson(_) | FrameError::Meta(_) | FrameError::InvalidArgument(_) => {
             PyValueError::new_err(msg)
         }
-        FrameError::BudgetExceeded { .. } | FrameError::Skew { .. } => {
+        FrameError::OutOfBudget { .. } | FrameError::Skew { .. } => {
             BudgetExceededError::new_err(msg)
         }
         FrameError::Polars(p) => polars_err(*p),
         FrameError::Arrow(_) => PyValueError::new_err(msg),
-        FrameError::Query(_) => query_err(msg),
+        FrameError::Query(_) => QueryError::new_err(msg),
+        FrameError::UnknownName { .. } => unknown_name_err(msg),
         FrameError::Unsupported(_) => PyNotImplementedError::new_err(msg),
-        FrameError::OutOfBudget { .. } => BudgetExceededError::new_err(msg),
         _ => ScadError::new_err(msg),
     }
 }
 
-/// Whether a query error's message (DataFusion's planner and schema errors) says that
-/// a table or column does not exist.
-fn names_unknown(msg: &str) -> bool {
-    msg.contains("No field named")
-        || ((msg.contains("table '") || msg.contains("column '")) && msg.contains("' not found"))
-}
-
-fn query_err(msg: String) -> PyErr {
-    if !names_unknown(&msg) {
-        return QueryError::new_err(msg);
-    }
+fn unknown_name_err(msg: String) -> PyErr {
     Python::with_gil(|py| match unknown_name_error(py) {
         Ok(class) => PyErr::from_type(class.clone(), msg),
         Err(_) => QueryError::new_err(msg),
@@ -100,6 +90,8 @@ fn arrow_err(e: ArrowError) -> PyErr {
 #[pyclass(module = "scad._native", name = "FrameEnv", frozen)]
 pub struct PyFrameEnv {
     pub(crate) inner: FrameEnv,
+    /// Where `scad.sql` and `scad.explain` run over this env.
+    pub(crate) sql_session: crate::query::EnvSession,
 }
 
 #[pymethods]
@@ -115,15 +107,8 @@ impl PyFrameEnv {
         chunk_rows: Option<usize>,
         elements: Option<Vec<String>>,
     ) -> PyResult<Self> {
-        let mut env = FrameEnv::new(Arc::clone(store.inner.elements()));
-        if let Some(b) = budget {
-            if b == 0 {
-                return Err(PyValueError::new_err(
-                    "the budget must be at least one byte",
-                ));
-            }
-            env = env.with_budget(b);
-        }
+        let budget = Budget::from_limit(budget).map_err(frame_err)?;
+        let mut env = FrameEnv::new(Arc::clone(store.inner.elements())).with_budget(budget);
         if let Some(r) = chunk_rows {
             if r == 0 {
                 return Err(PyValueError::new_err("chunk_rows must be at least 1"));
@@ -140,13 +125,16 @@ impl PyFrameEnv {
             }
             env = env.with_elements(names);
         }
-        Ok(PyFrameEnv { inner: env })
+        Ok(PyFrameEnv {
+            inner: env,
+            sql_session: Default::default(),
+        })
     }
 
     /// The local memory budget in bytes (None: unlimited).
     #[getter]
     fn budget(&self) -> Option<u64> {
-        Some(self.inner.budget()).filter(|b| *b != u64::MAX)
+        self.inner.budget().limit()
     }
 
     /// Rows per stored chunk of new frames.
@@ -279,7 +267,11 @@ impl PyFrame {
     }
 
     fn batch_bytes(&self) -> u64 {
-        (self.inner.env().budget() / 4).clamp(1, STREAM_BATCH_CAP)
+        self.inner
+            .env()
+            .budget()
+            .limit()
+            .map_or(STREAM_BATCH_CAP, |b| (b / 4).clamp(1, STREAM_BATCH_CAP))
     }
 }
 

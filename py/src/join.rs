@@ -1,5 +1,5 @@
 //! `npjoin.join`'s native functions: NumPy arrays in and out, dtype checks, and the
-//! kernels of [`scad_remote_frame::npjoin`] run without the GIL.
+//! kernels of [`scad_npjoin`] run without the GIL.
 
 use numpy::{
     PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,
@@ -7,7 +7,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use scad_remote_frame::npjoin::{self, codes, KeyType, NpJoinError};
+use scad_npjoin::{self as npjoin, codes, KeyType, NpJoinError};
 
 use crate::errors::detach;
 

@@ -4,8 +4,8 @@
 //! - [`buffer`]: the buffer protocol over registered buffers (`trans.buf`).
 //! - [`pool`]: `BufferPool`, `Store` and `RemoteBytes`, under `disaggrt` and
 //!   `scad.RemoteArray`.
-//! - [`join`]: the `npjoin` functions over NumPy arrays (kernels in
-//!   `scad_remote_frame::npjoin`).
+//! - [`join`]: the `npjoin` functions over NumPy arrays (kernels in the
+//!   `scad-npjoin` crate).
 //! - [`server`]: embedded memory servers and the `memory_server` console script.
 //! - [`frame`]: `FrameEnv` and `Frame` (scad-remote-frame) behind `scad.RemoteFrame`,
 //!   with data in and out through the Arrow PyCapsule interface ([`arrow_ffi`]) and
@@ -58,6 +58,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(join::partition_on, m)?)?;
     m.add_function(wrap_pyfunction!(join::partition_on_pair, m)?)?;
     m.add_function(wrap_pyfunction!(join::groupsort_indexer, m)?)?;
+    m.add_function(wrap_pyfunction!(query::sql_in_env, m)?)?;
+    m.add_function(wrap_pyfunction!(query::explain_in_env, m)?)?;
+    m.add_function(wrap_pyfunction!(query::env_sessions_started, m)?)?;
     m.add_function(wrap_pyfunction!(server::py_parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(server::memory_server_main, m)?)?;
     Ok(())

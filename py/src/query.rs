@@ -1,20 +1,127 @@
 //! `QuerySession` and `QueryResult`: SQL over frames (the query engine of
 //! scad-remote-frame) for Python; `scad.QuerySession`, `scad.sql` and `scad.explain`
-//! wrap them.
+//! wrap them. `scad.sql` and `scad.explain` run in one session per env
+//! ([`EnvSession`]), with the tables of the call registered for that call only.
 //!
 //! Registering, planning and running release the GIL. An answer stays in local memory
 //! as Arrow record batches; `__arrow_c_stream__` hands them to PyArrow or Polars
 //! without copying, `to_frame` writes them to memory elements. Errors: see
 //! [`crate::frame::frame_err`].
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
 use arrow_array::RecordBatchIterator;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
-use scad_remote_frame::{QueryOutput, QuerySession};
+use scad_remote_frame::{FrameEnv, QueryOutput, QuerySession, RemoteFrame};
 
 use crate::arrow_ffi::export_stream;
 use crate::errors::detach;
 use crate::frame::{frame_err, PyFrame, PyFrameEnv};
+
+/// Sessions [`EnvSession`]s have started in this process.
+static ENV_SESSIONS_STARTED: AtomicU64 = AtomicU64::new(0);
+
+/// The session `scad.sql` and `scad.explain` run in for one env: started by the first
+/// call and kept with the env, so a call starts no session (and the process's query
+/// runtime is shared by all sessions anyway). A call holds it throughout: it
+/// registers its tables, runs, and deregisters them, so the calls on one env run one
+/// at a time (as the queries of one session do, within one budget) and each sees
+/// only its own tables.
+#[derive(Default)]
+pub struct EnvSession(Mutex<Option<QuerySession>>);
+
+impl EnvSession {
+    /// Runs `f` in the env's session with exactly `tables` registered.
+    fn with<T>(
+        &self,
+        env: &FrameEnv,
+        tables: &[(String, RemoteFrame)],
+        f: impl FnOnce(&QuerySession) -> scad_remote_frame::Result<T>,
+    ) -> scad_remote_frame::Result<T> {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let session = match slot.take() {
+            Some(s) => s,
+            None => {
+                let s = QuerySession::new(env)?;
+                ENV_SESSIONS_STARTED.fetch_add(1, Ordering::Relaxed);
+                s
+            }
+        };
+        let session = slot.insert(session);
+        // A call that failed half-way (a panic caught at the boundary) may have left
+        // its tables behind.
+        deregister_all(session)?;
+        let result = tables
+            .iter()
+            .try_for_each(|(name, frame)| session.register(name, frame))
+            .and_then(|()| f(session));
+        let cleared = deregister_all(session);
+        let out = result?;
+        cleared?;
+        Ok(out)
+    }
+}
+
+fn deregister_all(session: &QuerySession) -> scad_remote_frame::Result<()> {
+    for name in session.table_names() {
+        session.deregister(&name)?;
+    }
+    Ok(())
+}
+
+/// The frames of a `scad.sql` call's tables, by name.
+fn call_tables(tables: BTreeMap<String, PyRef<'_, PyFrame>>) -> Vec<(String, RemoteFrame)> {
+    tables
+        .into_iter()
+        .map(|(name, frame)| (name, frame.inner.clone()))
+        .collect()
+}
+
+/// Runs `query` over `tables` (name -> frame) in `env`'s session (`scad.sql`).
+#[pyfunction]
+pub fn sql_in_env(
+    py: Python<'_>,
+    env: &PyFrameEnv,
+    query: &str,
+    tables: BTreeMap<String, PyRef<'_, PyFrame>>,
+) -> PyResult<PyQueryResult> {
+    let tables = call_tables(tables);
+    detach(py, || {
+        env.sql_session
+            .with(&env.inner, &tables, |s| s.sql(query))
+            .map(|output| PyQueryResult {
+                output,
+                env: env.inner.clone(),
+            })
+            .map_err(frame_err)
+    })
+}
+
+/// The physical plan of `query` over `tables` in `env`'s session (`scad.explain`).
+#[pyfunction]
+pub fn explain_in_env(
+    py: Python<'_>,
+    env: &PyFrameEnv,
+    query: &str,
+    tables: BTreeMap<String, PyRef<'_, PyFrame>>,
+) -> PyResult<String> {
+    let tables = call_tables(tables);
+    detach(py, || {
+        env.sql_session
+            .with(&env.inner, &tables, |s| s.explain(query))
+            .map_err(frame_err)
+    })
+}
+
+/// How many sessions `scad.sql` and `scad.explain` have started in this process (one
+/// per env they ran in); for tests.
+#[pyfunction]
+pub fn env_sessions_started() -> u64 {
+    ENV_SESSIONS_STARTED.load(Ordering::Relaxed)
+}
 
 /// Tables (frames registered by name) and one local memory budget (the env's) that
 /// the session's queries share; they spill to the env's memory elements.
@@ -115,7 +222,7 @@ impl PyQuerySession {
         d.set_item("elapsed_s", stats.elapsed.as_secs_f64())?;
         d.set_item("rows", stats.rows)?;
         d.set_item("peak_local_bytes", stats.peak_local_bytes)?;
-        d.set_item("budget", Some(stats.budget).filter(|b| *b != u64::MAX))?;
+        d.set_item("budget", stats.budget.limit())?;
         d.set_item("scan_bytes", stats.scan_bytes)?;
         d.set_item("spill_files", stats.spill_files)?;
         d.set_item("bytes_written", written)?;
@@ -131,7 +238,7 @@ impl PyQuerySession {
     /// The session's local memory budget in bytes (None: unlimited).
     #[getter]
     fn budget(&self) -> Option<u64> {
-        Some(self.inner.env().budget()).filter(|b| *b != u64::MAX)
+        self.inner.env().budget().limit()
     }
 }
 
@@ -195,7 +302,7 @@ impl PyQueryResult {
         d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
         d.set_item("rows", s.rows)?;
         d.set_item("peak_local_bytes", s.peak_local_bytes)?;
-        d.set_item("budget", Some(s.budget).filter(|b| *b != u64::MAX))?;
+        d.set_item("budget", s.budget.limit())?;
         d.set_item("scan_bytes", s.scan_bytes)?;
         d.set_item("spill_files", s.spill_files)?;
         d.set_item("spill_bytes_written", s.spill_bytes_written)?;

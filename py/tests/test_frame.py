@@ -304,6 +304,16 @@ def test_kernels_within_a_small_budget_match_and_report_stats(store):
     assert_frame_equal(top, fact.sort(["k", "q", "name"]).head(10))
 
 
+def test_a_zero_budget_is_refused_and_none_is_unlimited(store):
+    with pytest.raises(ValueError, match="at least one byte"):
+        scad.FrameEnv(store, budget=0)
+    with pytest.raises(OverflowError):
+        scad.FrameEnv(store, budget=-1)
+    assert scad.FrameEnv(store).budget is None
+    assert scad.FrameEnv(store, budget=None).budget is None
+    assert scad.FrameEnv(store, budget=1).budget == 1
+
+
 def test_kernels_run_in_threads_without_the_gil(data):
     df, rf = data
     results = {}

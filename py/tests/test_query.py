@@ -164,6 +164,55 @@ def test_sql_takes_the_env_from_the_tables_or_from_env(env, tables):
         scad.QuerySession(env._env)
 
 
+def test_sql_calls_on_one_env_share_a_session_and_not_their_tables(env, tables):
+    f, d, rf, rd = tables
+    started = _native.env_sessions_started()
+    first = scad.sql("SELECT count(*) AS n FROM dim", env=env, dim=rd)
+    assert first.to_polars()["n"][0] == d.height
+    # The second call's "dim" is another frame; the first call's tables are gone.
+    second = scad.sql("SELECT count(*) AS n FROM dim", env=env, dim=rf)
+    assert second.to_polars()["n"][0] == f.height
+    with pytest.raises(scad.UnknownNameError, match="dim"):
+        scad.sql("SELECT count(*) AS n FROM dim", env=env, fact=rf)
+    assert "RemoteScan" in scad.explain("SELECT max(qty) FROM fact", env=env, fact=rf)
+    with pytest.raises(scad.UnknownNameError, match="fact"):
+        scad.explain("SELECT max(qty) FROM fact", env=env)
+    # A failing call leaves nothing registered either.
+    with pytest.raises(scad.QueryError):
+        scad.sql("SELECT nope(k) FROM fact", env=env, fact=rf)
+    with pytest.raises(scad.UnknownNameError, match="fact"):
+        scad.sql("SELECT count(*) FROM fact", env=env)
+    assert _native.env_sessions_started() == started + 1
+    # Another env object has a session of its own; an answer outlives its call.
+    other = scad.FrameEnv(env.store, chunk_rows=4096)
+    assert scad.sql("SELECT 1 AS one", env=other).rows == 1
+    assert _native.env_sessions_started() == started + 2
+    assert first.to_remote_frame().to_polars()["n"][0] == d.height
+
+
+def test_sql_calls_on_one_env_from_threads_each_see_their_tables(env, tables):
+    f, d, rf, rd = tables
+    errors, counts = [], {}
+
+    def run(i):
+        try:
+            frame, want = (rd, d.height) if i % 2 else (rf, f.height)
+            for _ in range(3):
+                n = scad.sql("SELECT count(*) AS n FROM t", env=env, t=frame).to_polars()["n"][0]
+                assert n == want, (i, n, want)
+            counts[i] = n
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(counts) == 4
+
+
 def test_queries_release_the_gil(env, tables):
     f, d, rf, rd = tables
     session = scad.QuerySession(env, fact=rf, dim=rd)

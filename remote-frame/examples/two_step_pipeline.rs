@@ -22,7 +22,7 @@ use polars::prelude::*;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
-use scad_remote_frame::{FrameEnv, FrameMeta, JoinType, RemoteFrame};
+use scad_remote_frame::{Budget, FrameEnv, FrameMeta, JoinType, RemoteFrame};
 
 #[derive(Parser)]
 #[command(about = "Two pipeline steps handing a RemoteFrame on by its metadata JSON")]
@@ -60,7 +60,7 @@ fn connect(servers: &[String]) -> Result<FrameEnv> {
         elements.add(&format!("mem{i}"), Arc::new(t))?;
     }
     Ok(FrameEnv::new(elements)
-        .with_budget(32 << 20)
+        .with_budget(Budget::bytes(32 << 20)?)
         .with_chunk_rows(16 * 1024))
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use scad_core::Transport;
 use scad_remote_array::MemoryElements;
 
+use crate::budget::Budget;
 use crate::error::{Error, Result};
 
 /// Default rows per stored chunk.
@@ -77,7 +78,7 @@ pub struct FrameEnv {
 #[derive(Debug)]
 struct EnvInner {
     registry: Arc<MemoryElements>,
-    budget: u64,
+    budget: Budget,
     chunk_rows: usize,
     elements: Vec<String>,
     next_element: AtomicU64,
@@ -89,12 +90,12 @@ impl FrameEnv {
     /// [`DEFAULT_CHUNK_ROWS`] rows, and new frames dealt over all of the elements
     /// chunk by chunk.
     pub fn new(elements: Arc<MemoryElements>) -> Self {
-        Self::build(elements, u64::MAX, DEFAULT_CHUNK_ROWS, Vec::new())
+        Self::build(elements, Budget::Unlimited, DEFAULT_CHUNK_ROWS, Vec::new())
     }
 
     fn build(
         registry: Arc<MemoryElements>,
-        budget: u64,
+        budget: Budget,
         chunk_rows: usize,
         elements: Vec<String>,
     ) -> Self {
@@ -110,12 +111,12 @@ impl FrameEnv {
         }
     }
 
-    /// The same elements and settings with a local memory budget of `bytes` (fresh
+    /// The same elements and settings with local memory budget `budget` (fresh
     /// counters).
-    pub fn with_budget(&self, bytes: u64) -> Self {
+    pub fn with_budget(&self, budget: Budget) -> Self {
         Self::build(
             Arc::clone(&self.inner.registry),
-            bytes.max(1),
+            budget,
             self.inner.chunk_rows,
             self.inner.elements.clone(),
         )
@@ -151,8 +152,8 @@ impl FrameEnv {
         &self.inner.registry
     }
 
-    /// The local memory budget in bytes (`u64::MAX`: unlimited).
-    pub fn budget(&self) -> u64 {
+    /// The local memory budget.
+    pub fn budget(&self) -> Budget {
         self.inner.budget
     }
 

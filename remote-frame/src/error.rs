@@ -1,5 +1,7 @@
 //! The one error type of `scad-remote-frame`.
 
+use crate::budget::Budget;
+
 /// Result alias used throughout `scad-remote-frame`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -72,17 +74,6 @@ pub enum Error {
         dtype: String,
     },
 
-    /// A kernel's work cannot be fit into the local memory budget.
-    #[error("{what} needs about {need} bytes of local memory but the budget is {budget} bytes")]
-    BudgetExceeded {
-        /// What did not fit.
-        what: String,
-        /// Bytes needed (an estimate).
-        need: u64,
-        /// The budget.
-        budget: u64,
-    },
-
     /// One key value holds more rows than the budget allows and cannot be split by
     /// hashing (a skewed key).
     #[error("skewed key in {kernel}: partition {partition} (level {level}) holds {bytes} bytes for key {key}, which repartitioning cannot split, and the budget is {budget} bytes")]
@@ -115,15 +106,59 @@ pub enum Error {
     #[error("unsupported in a query: {0}")]
     Unsupported(String),
 
-    /// An operator that cannot spill needed more local memory than the query's
-    /// budget; the detail names the operators holding the most.
-    #[error("the query needs more local memory than its budget of {budget} bytes: {detail}")]
+    /// Work that cannot be split further needs more local memory than the budget: a
+    /// kernel's step (with its estimate of the bytes it needs), or a query operator
+    /// that cannot spill (DataFusion's account of the failed reservation, naming the
+    /// operators holding the most).
+    #[error("{}", out_of_budget(.what, *.need, *.budget))]
     OutOfBudget {
+        /// What did not fit.
+        what: String,
+        /// Bytes needed, where known (a kernel's estimate).
+        need: Option<u64>,
         /// The budget.
-        budget: u64,
-        /// DataFusion's account of the failed reservation.
-        detail: String,
+        budget: Budget,
     },
+
+    /// A query names a table or a column that does not exist.
+    #[error("query: unknown {kind} {name:?}; known: {known}")]
+    UnknownName {
+        /// Whether a table or a column is unknown.
+        kind: NameKind,
+        /// The name as the query gives it (qualified if it is).
+        name: String,
+        /// The names that do exist there, comma separated (`none` for none): the
+        /// session's tables, or the columns in scope.
+        known: String,
+    },
+}
+
+/// What kind of name [`Error::UnknownName`] does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NameKind {
+    /// A table.
+    Table,
+    /// A column.
+    Column,
+}
+
+impl std::fmt::Display for NameKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NameKind::Table => "table",
+            NameKind::Column => "column",
+        })
+    }
+}
+
+fn out_of_budget(what: &str, need: Option<u64>, budget: Budget) -> String {
+    match need {
+        Some(need) => {
+            format!("{what} needs about {need} bytes of local memory but the budget is {budget}")
+        }
+        None => format!("out of the local memory budget of {budget}: {what}"),
+    }
 }
 
 impl From<scad_remote_array::Error> for Error {

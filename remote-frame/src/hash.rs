@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
 const NULL_HASH: u64 = 0x2545_F491_4F6C_DD1D;
 
-/// The splitmix64 finalizer (also behind [`crate::npjoin::mix`]).
+/// The splitmix64 finalizer.
 #[inline]
 pub(crate) fn mix(mut x: u64) -> u64 {
     x ^= x >> 30;

@@ -24,8 +24,6 @@
 //! Expressions are Polars' own ([`col`], [`lit`], [`Expr`]); each batch or partition
 //! is processed by Polars in memory, so per-partition speed is Polars' speed.
 //! [`expr_json`] builds them from the versioned JSON tree the Python package sends.
-//! [`npjoin`] holds the plain-slice join, partition and counting-sort kernels of
-//! the wheel's `npjoin` module.
 //!
 //! ## Layout in remote memory
 //! A chunk of `n` rows is one allocation on one memory element (chunks are dealt
@@ -42,7 +40,8 @@
 //! a page cache: a [`FrameEnv`] needs memory elements, no buffer pool.
 //!
 //! ## The budget
-//! [`FrameEnv::with_budget`] sets how many bytes of local memory kernels may hold:
+//! [`FrameEnv::with_budget`] sets how many bytes of local memory kernels may hold (a
+//! [`Budget`]: a positive number of bytes, or unlimited as [`FrameEnv::new`] starts):
 //! the batches and partitions they read, Polars' results, and the batch being read
 //! ahead, each sized as Polars sizes DataFrames. A join whose inputs (and result)
 //! fit is done in one go; if only the right side fits, the left side streams past
@@ -60,11 +59,11 @@
 //! use polars::prelude::*;
 //! use scad_core::transport::LocalTransport;
 //! use scad_remote_array::MemoryElements;
-//! use scad_remote_frame::{FrameEnv, JoinType, RemoteFrame};
+//! use scad_remote_frame::{Budget, FrameEnv, JoinType, RemoteFrame};
 //!
 //! let elements = Arc::new(MemoryElements::new());
 //! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
-//! let env = FrameEnv::new(elements).with_budget(16 << 20);
+//! let env = FrameEnv::new(elements).with_budget(Budget::bytes(16 << 20)?);
 //!
 //! let dates = df!("d_date_sk" => [1i64, 2, 3], "d_year" => [1999i32, 2000, 2000])?;
 //! let sales = df!("ss_sold_date_sk" => [1i64, 2, 2, 3], "ss_price" => [1.0, 2.0, 3.0, 4.0])?;
@@ -82,6 +81,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod budget;
 pub(crate) mod codec;
 pub mod env;
 pub mod error;
@@ -91,11 +91,11 @@ pub(crate) mod hash;
 mod interop;
 pub mod kernels;
 pub mod meta;
-pub mod npjoin;
 pub mod query;
 
+pub use budget::Budget;
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
-pub use error::{Error, Result};
+pub use error::{Error, NameKind, Result};
 pub use frame::{Batches, FrameWriter, RemoteFrame};
 pub use kernels::JoinType;
 pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};

@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_same, dim, env, fact, Backend};
 use polars::prelude::*;
-use scad_remote_frame::{Error, FrameEnv, JoinType, RemoteFrame};
+use scad_remote_frame::{Budget, Error, FrameEnv, JoinType, RemoteFrame};
 
 fn polars_join(l: &DataFrame, r: &DataFrame, lk: &[&str], rk: &[&str], how: JoinType) -> DataFrame {
     let how = match how {
@@ -89,7 +89,7 @@ fn joins_at_100_25_and_5_percent_budgets_match_and_stay_under_budget() {
             let want = polars_join(&l, &r, &["k1", "k2"], &["d1", "d2"], how);
             for pct in [100u64, 25, 5] {
                 let budget = build * pct / 100;
-                let env = base.with_budget(budget);
+                let env = base.with_budget(Budget::bytes(budget).unwrap());
                 let got = lf
                     .with_env(&env)
                     .join(&rf, ["k1", "k2"], ["d1", "d2"], how)
@@ -136,7 +136,7 @@ fn skewed_keys_use_a_nested_loop_or_name_the_key() {
     let lf = RemoteFrame::from_polars(&base, &l).unwrap();
     let rf = RemoteFrame::from_polars(&base, &r).unwrap();
     let budget = rf.data_bytes() / 10;
-    let env = base.with_budget(budget);
+    let env = base.with_budget(Budget::bytes(budget).unwrap());
     for how in [JoinType::Inner, JoinType::Semi, JoinType::Anti] {
         let got = lf.with_env(&env).join(&rf, ["k1"], ["d1"], how).unwrap();
         let want = polars_join(&l, &r, &["k1"], &["d1"], how);
@@ -186,7 +186,7 @@ fn group_by_and_distinct_match_polars_at_all_budgets() {
     let bytes = frame.data_bytes();
     for pct in [100u64, 25, 5] {
         let budget = bytes * pct / 100;
-        let env = base.with_budget(budget);
+        let env = base.with_budget(Budget::bytes(budget).unwrap());
         let f = frame.with_env(&env);
         let got = f.group_by(&keys, aggs()).unwrap().to_polars().unwrap();
         assert_same(&got, &want, &format!("group-by at {pct}%"));
@@ -219,7 +219,7 @@ fn group_by_with_one_huge_group_reports_the_key() {
     let base = e.env.with_chunk_rows(64);
     let df = df!("k" => vec![5i64; 4000], "v" => (0..4000i64).collect::<Vec<_>>()).unwrap();
     let frame = RemoteFrame::from_polars(&base, &df).unwrap();
-    let env = base.with_budget(frame.data_bytes() / 10);
+    let env = base.with_budget(Budget::bytes(frame.data_bytes() / 10).unwrap());
     let err = frame
         .with_env(&env)
         .group_by(&["k"], [col("v").sum()])
@@ -234,7 +234,7 @@ fn filter_project_sort_limit_match_polars() {
     let base = e.env.with_chunk_rows(50);
     let df = fact(51, 1200, 100);
     let frame = RemoteFrame::from_polars(&base, &df).unwrap();
-    let env = base.with_budget(frame.data_bytes() / 4);
+    let env = base.with_budget(Budget::bytes(frame.data_bytes() / 4).unwrap());
     let f = frame.with_env(&env);
     let day = |y: i32| lit(y).cast(DataType::Date);
     let pred = col("day")
@@ -286,7 +286,10 @@ fn filter_project_sort_limit_match_polars() {
         "sort order"
     );
     let err = f.sort(&["k2"], opts.clone()).unwrap_err();
-    assert!(matches!(err, Error::BudgetExceeded { .. }), "{err}");
+    assert!(
+        matches!(err, Error::OutOfBudget { need: Some(_), .. }),
+        "{err}"
+    );
 
     let got = f
         .sort_limit(
@@ -316,7 +319,7 @@ fn filter_project_sort_limit_match_polars() {
     assert!(got.equals_missing(&df.slice(0, 77)));
     assert_eq!(f.limit(5000).unwrap().rows(), 1200);
     assert!(
-        env.stats().peak_local_bytes <= env.budget(),
+        env.budget().allows(env.stats().peak_local_bytes),
         "{}",
         env.stats()
     );

@@ -7,7 +7,7 @@ mod common;
 
 use common::{assert_same, dim, env, fact, Backend};
 use polars::prelude::*;
-use scad_remote_frame::{Error, FrameEnv, QuerySession, RemoteFrame};
+use scad_remote_frame::{Budget, Error, FrameEnv, QuerySession, RemoteFrame};
 
 struct Fixture {
     _env: common::Env,
@@ -40,7 +40,9 @@ impl Fixture {
     /// A session at `fraction` of the inputs' bytes (`None`: unlimited).
     fn session(&self, fraction: Option<f64>) -> QuerySession {
         let env = match fraction {
-            Some(f) => self.env.with_budget((self.input_bytes as f64 * f) as u64),
+            Some(f) => self
+                .env
+                .with_budget(Budget::bytes((self.input_bytes as f64 * f) as u64).unwrap()),
             None => self.env.clone(),
         };
         let s = QuerySession::new(&env).unwrap();
@@ -88,7 +90,7 @@ impl Fixture {
             }
             let stats = out.stats();
             assert!(
-                stats.peak_local_bytes <= stats.budget,
+                stats.budget.allows(stats.peak_local_bytes),
                 "{what} at {fraction}: peak {} over budget {}",
                 stats.peak_local_bytes,
                 stats.budget
@@ -562,7 +564,7 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
         .sql("SELECT f.qty, d.w FROM fact f JOIN dim d ON f.k1 = d.d1")
         .unwrap_err();
     assert!(
-        matches!(&err, Error::OutOfBudget { detail, .. } if detail.contains("HashJoin")),
+        matches!(&err, Error::OutOfBudget { what, .. } if what.contains("HashJoin")),
         "{err}"
     );
     assert_eq!(s.spill_bytes_held(), 0);
@@ -572,7 +574,7 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
         .sql("SELECT k1, array_agg(name) AS names FROM fact GROUP BY k1")
         .unwrap_err();
     assert!(
-        matches!(&err, Error::OutOfBudget { detail, .. } if detail.contains("Aggregate")),
+        matches!(&err, Error::OutOfBudget { what, .. } if what.contains("Aggregate")),
         "{err}"
     );
     assert_eq!(s.spill_bytes_held(), 0);
@@ -627,7 +629,7 @@ fn run_by_stages(
             "{sql}: stage {}",
             stage.id
         );
-        assert!(out.stats.peak_local_bytes <= out.stats.budget);
+        assert!(out.stats.budget.allows(out.stats.peak_local_bytes));
         peak = peak.max(out.stats.peak_local_bytes);
         let json = out.frames.iter().map(|fr| fr.to_json().unwrap()).collect();
         outputs.insert(stage.id, json);
@@ -756,7 +758,10 @@ fn joins_over_several_partitions_match_the_unlimited_plan() {
     let f = fixture(40_000, 2_000, 500, 2_000);
     let session = |budget: Option<u64>| {
         let s = match budget {
-            Some(b) => QuerySession::with_partitions(&f.env.with_budget(b), 2).unwrap(),
+            Some(b) => {
+                QuerySession::with_partitions(&f.env.with_budget(Budget::bytes(b).unwrap()), 2)
+                    .unwrap()
+            }
             None => QuerySession::new(&f.env).unwrap(),
         };
         for (name, frame) in &f.frames {
@@ -791,7 +796,9 @@ fn partitioned_spilling_joins_over_two_partitions_match() {
     // Two partitions whose joins both spill: build sides over DataFusion's 1 MB
     // collect threshold make partitioned joins, fed by repartitions.
     let f = fixture(110_000, 110_000, 110_000, 110_000);
-    let env = f.env.with_budget((f.input_bytes as f64 * 0.2) as u64);
+    let env = f
+        .env
+        .with_budget(Budget::bytes((f.input_bytes as f64 * 0.2) as u64).unwrap());
     let s = QuerySession::with_partitions(&env, 2).unwrap();
     let unlimited = f.session(None);
     for (name, frame) in &f.frames {
@@ -807,7 +814,7 @@ fn partitioned_spilling_joins_over_two_partitions_match() {
         let got = s.sql(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
         assert!(got.stats().spill_files > 0, "{sql}: nothing spilled");
         assert!(
-            got.stats().peak_local_bytes <= got.stats().budget,
+            got.stats().budget.allows(got.stats().peak_local_bytes),
             "{sql}: peak {} over budget {}\n{}",
             got.stats().peak_local_bytes,
             got.stats().budget,
@@ -863,7 +870,7 @@ fn lazy_queries_equal_their_sql() {
         );
         if fraction.is_some() {
             assert!(lazy.stats().spill_files > 0, "nothing spilled at 5 %");
-            assert!(lazy.stats().peak_local_bytes <= lazy.stats().budget);
+            assert!(lazy.stats().budget.allows(lazy.stats().peak_local_bytes));
         }
         if fraction.is_some() {
             // Windows and sorts at a tiny budget are a known gap (DataFusion's

@@ -20,7 +20,7 @@ use polars::prelude::*;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
-use scad_remote_frame::{FrameEnv, JoinType, KernelStats, RemoteFrame};
+use scad_remote_frame::{Budget, FrameEnv, JoinType, KernelStats, RemoteFrame};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -201,7 +201,7 @@ fn main() -> Result<()> {
         let mut stats = None;
         for _ in 0..reps {
             pb.set_message(format!("join at {pct}%"));
-            let env = base.with_budget(budget);
+            let env = base.with_budget(Budget::bytes(budget)?);
             let t = Instant::now();
             let out = lf
                 .with_env(&env)
@@ -271,7 +271,7 @@ fn main() -> Result<()> {
     let gf = RemoteFrame::from_polars(&base, &agg_in)?;
     for pct in [100u64, 25] {
         let budget = gf.data_bytes() * pct / 100;
-        let env = base.with_budget(budget);
+        let env = base.with_budget(Budget::bytes(budget)?);
         pb.set_message(format!("group-by at {pct}%"));
         let t = Instant::now();
         let out = gf.with_env(&env).group_by(&["g"], aggs())?;

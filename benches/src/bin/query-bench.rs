@@ -24,7 +24,7 @@ use scad_benches::{horizontal_bars, Bar};
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
-use scad_remote_frame::{FrameEnv, QuerySession, QueryStats, RemoteFrame};
+use scad_remote_frame::{Budget, FrameEnv, QuerySession, QueryStats, RemoteFrame};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -227,10 +227,7 @@ fn main() -> Result<()> {
             ("25 %".to_string(), Some(input / 4)),
             ("5 %".to_string(), Some(input / 20)),
         ] {
-            let e = match budget {
-                Some(b) => env.with_budget(b),
-                None => env.clone(),
-            };
+            let e = env.with_budget(Budget::from_limit(budget)?);
             let session = QuerySession::new(&e)?;
             for (n, f) in &frames {
                 session.register(n, f)?;
@@ -323,10 +320,9 @@ fn write_results(dir: &std::path::Path, rows: &[Measured], n: usize, reps: usize
         let (peak, budget, moved, spills) = match &r.stats {
             Some(s) => (
                 format!("{:.1}", mib(s.peak_local_bytes)),
-                if s.budget == u64::MAX {
-                    "∞".into()
-                } else {
-                    format!("{:.1}", mib(s.budget))
+                match s.budget.limit() {
+                    None => "∞".into(),
+                    Some(b) => format!("{:.1}", mib(b)),
                 },
                 format!("{:.1}", mib(s.bytes_moved())),
                 s.spill_files.to_string(),
@@ -350,7 +346,7 @@ fn write_results(dir: &std::path::Path, rows: &[Measured], n: usize, reps: usize
         let record = json!({
             "operator": r.operator, "variant": r.variant, "secs": r.secs, "rows": r.rows,
             "error": r.error, "peak_local_bytes": r.stats.map(|s| s.peak_local_bytes),
-            "budget": r.stats.map(|s| s.budget), "bytes_moved": r.stats.map(|s| s.bytes_moved()),
+            "budget": r.stats.map(|s| s.budget.limit()), "bytes_moved": r.stats.map(|s| s.bytes_moved()),
             "spill_files": r.stats.map(|s| s.spill_files), "polars_secs": polars,
             "unlimited_secs": unlimited, "fact_rows": n,
         });

@@ -7,6 +7,7 @@
 //! ```no_run
 //! use scad_tpcds::data::{generate, GenerateOptions};
 //! use scad_tpcds::engine::{run_query, session};
+//! use scad_remote_frame::Budget;
 //! use scad_tpcds::remote::{load_tables, Cluster, TransportKind};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -14,7 +15,7 @@
 //! let set = generate(&GenerateOptions::new(0.01))?;
 //! let cluster = Cluster::embedded(TransportKind::Tcp, 2, 256 << 20)?;
 //! let tables = load_tables(&cluster, &set, None)?; // load time, apart from query time
-//! let env = cluster.env().with_budget(tables.largest_bytes() / 4);
+//! let env = cluster.env().with_budget(Budget::bytes(tables.largest_bytes() / 4)?);
 //! let session = session(&env, &tables.open(&cluster)?)?;
 //! let run = run_query(&session, &set, "q1")?;
 //! assert!(run.equal(), "{:?}", run.error);

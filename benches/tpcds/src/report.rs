@@ -1,5 +1,7 @@
 //! Budgets as the command lines give them, and bytes and seconds as reports print them.
 
+use scad_remote_frame::Budget;
+
 use crate::error::TpcdsError;
 
 /// Parses a budget: bytes as every size is parsed (`64M`, `1G`, `512 MB`; see
@@ -29,14 +31,14 @@ pub fn parse_budget(text: &str, largest: u64) -> Result<u64, TpcdsError> {
     Ok(value)
 }
 
-/// Human-readable bytes, as [`scad_core::fmt::bytes`] prints them; `u64::MAX` (no
-/// budget) is `unlimited`.
+/// Human-readable bytes, as [`scad_core::fmt::bytes`] prints them.
 pub fn fmt_bytes(b: u64) -> String {
-    if b == u64::MAX {
-        "unlimited".into()
-    } else {
-        scad_core::fmt::bytes(b)
-    }
+    scad_core::fmt::bytes(b)
+}
+
+/// A budget as reports print it: its bytes, or `unlimited`.
+pub fn fmt_budget(b: Budget) -> String {
+    b.limit().map_or_else(|| "unlimited".into(), fmt_bytes)
 }
 
 /// Seconds as a short string.
@@ -69,7 +71,8 @@ mod tests {
     fn sizes_and_times_print_in_their_unit() {
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(3 << 20), "3.0 MiB");
-        assert_eq!(fmt_bytes(u64::MAX), "unlimited");
+        assert_eq!(fmt_budget(Budget::Unlimited), "unlimited");
+        assert_eq!(fmt_budget(Budget::bytes(3 << 20).unwrap()), "3.0 MiB");
         assert_eq!(fmt_secs(0.0123), "12.3 ms");
         assert_eq!(fmt_secs(2.5), "2.50 s");
     }

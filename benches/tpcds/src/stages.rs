@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use polars::prelude::DataFrame;
-use scad_remote_frame::{QueryStats, RemoteFrame, StagePlan};
+use scad_remote_frame::{Budget, FrameEnv, QueryStats, RemoteFrame, StagePlan};
 use serde::{Deserialize, Serialize};
 
 use crate::compare::compare_values;
@@ -53,6 +53,15 @@ pub struct StageReport {
     pub spill_bytes_read: u64,
     /// Bytes of its output written to memory elements.
     pub output_bytes: u64,
+}
+
+/// The cluster's env with a budget of `budget` bytes.
+fn budget_env(cluster: &Cluster, budget: u64) -> Result<FrameEnv, RemoteError> {
+    let budget = Budget::bytes(budget).map_err(|source| RemoteError::Frame {
+        context: "the stages' budget".into(),
+        source,
+    })?;
+    Ok(cluster.env().with_budget(budget))
 }
 
 fn read(path: &Path) -> Result<String, RemoteError> {
@@ -188,7 +197,7 @@ pub fn run_stage_here(
     let mut keep: Vec<Handoff> = handed_on(dir)?;
     keep.extend(tables.tables.values().cloned());
     cluster.reserve_past(&keep.iter().collect::<Vec<_>>())?;
-    let env = cluster.env().with_budget(budget);
+    let env = budget_env(cluster, budget)?;
     let session = session(&env, &tables.open(cluster)?)?;
     let sql = query_sql(set, query)?;
     let frame_err = |what: String| {
@@ -237,7 +246,7 @@ pub fn run_stage_here(
         rows: s.rows,
         secs: start.elapsed().as_secs_f64(),
         peak_local_bytes: s.peak_local_bytes,
-        budget: s.budget,
+        budget,
         scan_bytes: s.scan_bytes,
         spill_files: s.spill_files,
         spill_bytes_written: s.spill_bytes_written,
@@ -329,7 +338,7 @@ pub fn run_query_in_processes(
     let reference = set.reference(query)?;
     let start = Instant::now();
     let tables = read_tables(dir)?;
-    let env = cluster.env().with_budget(budget);
+    let env = budget_env(cluster, budget)?;
     let planner = session(&env, &tables.open(cluster)?)?;
     let outcome = (|| -> Result<(StagePlan, Vec<StageReport>), String> {
         let plan = planner.stages(&sql).map_err(|e| e.to_string())?;
@@ -374,7 +383,7 @@ pub fn run_query_in_processes(
                     .map(|r| r.peak_local_bytes)
                     .max()
                     .unwrap_or(0),
-                budget,
+                budget: env.budget(),
                 scan_bytes: reports.iter().map(|r| r.scan_bytes).sum(),
                 spill_files: reports.iter().map(|r| r.spill_files).sum(),
                 spill_bytes_written: reports.iter().map(|r| r.spill_bytes_written).sum(),

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use scad_remote_frame::Budget;
 use scad_tpcds::data::{generate, DataSet, GenerateOptions};
 use scad_tpcds::engine::{official_queries, run_query, session};
 use scad_tpcds::remote::{load_tables, Cluster, TransportKind};
@@ -94,7 +95,7 @@ fn run_all(pct: u32) -> BTreeMap<(u32, String), Moved> {
     let tables = load_tables(&cluster, set, None).unwrap();
     let largest = tables.largest_bytes();
     let budget = largest * u64::from(pct) / 100;
-    let env = cluster.env().with_budget(budget);
+    let env = cluster.env().with_budget(Budget::bytes(budget).unwrap());
     let session = session(&env, &tables.open(&cluster).unwrap()).unwrap();
     let mut failures = Vec::new();
     let mut moved = BTreeMap::new();

@@ -6,6 +6,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use scad_benches::MemoryServerProcess;
+use scad_remote_frame::Budget;
 use scad_tpcds::data::{generate, DataSet, GenerateOptions};
 use scad_tpcds::engine::{query_sql, session};
 use scad_tpcds::remote::{Cluster, RemoteError};
@@ -149,7 +150,7 @@ fn queries_run_one_stage_per_process_against_memory_server_processes() {
 
     // A handoff whose memory was freed, or whose file was mangled, is refused.
     let planner = session(
-        &cluster.env().with_budget(budget),
+        &cluster.env().with_budget(Budget::bytes(budget).unwrap()),
         &tables.open(&cluster).unwrap(),
     )
     .unwrap();

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::protocol::{self, ErrorCode, ErrorReply, HelloReply, Request, Segment, RESPONSE_HEADER};
 
 use super::auth::{authorize, Window};
-use super::connection::{busy_message, refuse, ConnError};
+use super::reply::{busy_message, refuse, reply_error, ConnError};
 use super::Shared;
 
 /// Below this many bytes a read reply is copied into one buffer and sent with one call;
@@ -180,10 +180,4 @@ fn translate(
         }
     }
     None
-}
-
-fn reply_error(shared: &Shared, out: &mut Vec<u8>, id: u64, err: ErrorReply) {
-    shared.counters.errors.fetch_add(1, Ordering::Relaxed);
-    debug!(id, error = %err, "request refused");
-    err.encode(out, id);
 }

@@ -20,6 +20,7 @@ mod budget;
 mod config;
 mod connection;
 mod handler;
+mod reply;
 mod size;
 
 use std::io::Write;
@@ -37,7 +38,8 @@ use crate::memory::MemoryRegion;
 use crate::protocol::{self, ErrorCode, ErrorReply};
 use budget::Budget;
 use config::check_regions;
-use connection::{linger, serve_connection, LINGER_TIME};
+use connection::serve_connection;
+use reply::{linger, LINGER_TIME};
 
 pub use crate::listener::{admit, Admission};
 pub use config::{RegionGrant, ServerConfig};

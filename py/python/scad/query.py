@@ -47,7 +47,9 @@ class QueryResult:
     computed. An Arrow stream source: ``pa.table(result)`` and ``pl.DataFrame(result)``
     share its buffers."""
 
-    def __init__(self, session: "QuerySession", raw: "_native.QueryResult"):
+    def __init__(self, env: FrameEnv, raw: "_native.QueryResult", session: Optional["QuerySession"] = None):
+        self.env = env
+        #: The session that ran the query (None for :func:`scad.sql`).
         self.session = session
         self._raw = raw
 
@@ -107,7 +109,7 @@ class QueryResult:
     def to_remote_frame(self, env: Optional[FrameEnv] = None) -> RemoteFrame:
         """Writes the answer to memory elements as a new :class:`~scad.RemoteFrame`
         (under ``env``, the session's if None), e.g. to register it as a table."""
-        env = env if env is not None else self.session.env
+        env = env if env is not None else self.env
         return RemoteFrame(env, self._raw.to_frame(env._env))
 
     def __repr__(self) -> str:
@@ -130,11 +132,7 @@ class QuerySession:
 
     def register(self, name: str, frame: RemoteFrame) -> "QuerySession":
         """Makes ``frame`` queryable as table ``name`` (replacing a table of that name)."""
-        if not isinstance(name, str):
-            raise TypeError(f"table names are strings, got {type(name).__name__}")
-        if not isinstance(frame, RemoteFrame):
-            raise TypeError(f"table {name!r}: expected a scad.RemoteFrame, got {type(frame).__name__}"
-                            " (write it first: scad.RemoteFrame.from_arrow(env, data))")
+        _check_table(name, frame)
         self._raw.register(name, frame._raw)
         return self
 
@@ -150,7 +148,7 @@ class QuerySession:
 
     def sql(self, query: str) -> QueryResult:
         """Runs one read-only SQL statement (a query)."""
-        return QueryResult(self, self._raw.sql(_text(query)))
+        return QueryResult(self.env, self._raw.sql(_text(query)), self)
 
     def explain(self, query: str) -> str:
         """The physical plan of ``query`` (EXPLAIN), without running it."""
@@ -184,22 +182,39 @@ def _text(query: Any) -> str:
     return query
 
 
-def _session(env: Optional[FrameEnv], tables: Dict[str, RemoteFrame]) -> QuerySession:
+def _check_table(name: Any, frame: Any) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"table names are strings, got {type(name).__name__}")
+    if not isinstance(frame, RemoteFrame):
+        raise TypeError(f"table {name!r}: expected a scad.RemoteFrame, got {type(frame).__name__}"
+                        " (write it first: scad.RemoteFrame.from_arrow(env, data))")
+
+
+def _call(env: Optional[FrameEnv], tables: Dict[str, RemoteFrame]) -> Tuple[FrameEnv, Dict[str, Any]]:
+    """The env of a :func:`sql` or :func:`explain` call and its tables' native frames."""
+    for name, frame in tables.items():
+        _check_table(name, frame)
     if env is None:
-        frames = [f for f in tables.values() if isinstance(f, RemoteFrame)]
-        if not frames:
+        if not tables:
             raise ValueError("give env=, or at least one table (name=RemoteFrame) to take the env from")
-        env = frames[0].env
-    return QuerySession(env, **tables)
+        env = next(iter(tables.values())).env
+    if not isinstance(env, FrameEnv):
+        raise TypeError(f"env must be a scad.FrameEnv, got {type(env).__name__}")
+    return env, {name: frame._raw for name, frame in tables.items()}
 
 
 def sql(query: str, /, env: Optional[FrameEnv] = None, **tables: RemoteFrame) -> QueryResult:
-    """Runs ``query`` over the ``tables`` (keyword name -> :class:`~scad.RemoteFrame`) in a
-    new session under ``env`` (the first table's env if None: its budget applies). For a
-    table called ``env``, or to run several queries, use :class:`QuerySession`."""
-    return _session(env, tables).sql(query)
+    """Runs ``query`` over the ``tables`` (keyword name -> :class:`~scad.RemoteFrame`)
+    under ``env`` (the first table's env if None: its budget applies). Calls on one env
+    share one session, started by the first, and run one at a time; each call sees only
+    its own tables. For a table called ``env``, or to keep tables registered across
+    queries, use :class:`QuerySession`."""
+    env, raw = _call(env, tables)
+    return QueryResult(env, _native.sql_in_env(env._env, _text(query), raw))
 
 
 def explain(query: str, /, env: Optional[FrameEnv] = None, **tables: RemoteFrame) -> str:
-    """The physical plan of ``query`` over ``tables``, without running it."""
-    return _session(env, tables).explain(query)
+    """The physical plan of ``query`` over ``tables``, without running it (in the env's
+    session, as :func:`sql`)."""
+    env, raw = _call(env, tables)
+    return _native.explain_in_env(env._env, _text(query), raw)

@@ -26,7 +26,7 @@ impl RemoteFrame {
     /// # Errors
     /// [`Error::UnknownColumn`]; [`Error::TypeMismatch`] for keys of different types;
     /// [`Error::InvalidArgument`] for key lists of different lengths or empty;
-    /// [`Error::Skew`], [`Error::BudgetExceeded`]; Polars, transport, allocation errors.
+    /// [`Error::Skew`], [`Error::OutOfBudget`]; Polars, transport, allocation errors.
     pub fn join<L, R, S1, S2>(
         &self,
         other: &RemoteFrame,
@@ -125,7 +125,7 @@ impl Join {
             return Ok(());
         }
         let env = left.env();
-        let budget = env.budget();
+        let budget = env.budget().saturating_bytes();
         let lb = left.data_bytes();
         let rb = right
             .meta()
@@ -176,13 +176,13 @@ impl Join {
             }
         }
         if level >= MAX_LEVEL {
-            return Err(Error::BudgetExceeded {
+            return Err(Error::OutOfBudget {
                 what: format!(
                     "{} partition {path} after {level} levels of partitioning",
                     self.how.name()
                 ),
-                need,
-                budget,
+                need: Some(need),
+                budget: env.budget(),
             });
         }
         let batch = left.stream_bytes();
@@ -209,7 +209,7 @@ impl Join {
     /// budget (`None` as soon as they do not).
     pub(super) fn distinct_right_keys(&self, right: &RemoteFrame) -> Result<Option<DataFrame>> {
         let env = right.env();
-        let limit = env.budget() / 10 * 4;
+        let limit = env.budget().saturating_bytes() / 10 * 4;
         let sel = || {
             pl::cols(
                 self.rk
@@ -220,7 +220,10 @@ impl Join {
         };
         let mut acc = empty_of(right, &self.rk)?;
         let mut held = env.hold(0);
-        for b in right.batches(Some(&self.rk), (env.budget() / 5).clamp(1, STREAM_CAP))? {
+        for b in right.batches(
+            Some(&self.rk),
+            (env.budget().saturating_bytes() / 5).clamp(1, STREAM_CAP),
+        )? {
             let b = b?;
             held.set(est(&acc) + 2 * est(&b));
             acc = pl::concat([acc.lazy(), b.lazy()], pl::UnionArgs::default())?
@@ -243,7 +246,8 @@ impl Join {
         let env = left.env();
         let rbytes = est(&r);
         let _held_r = env.hold(rbytes);
-        let batch = (env.budget().saturating_sub(rbytes) / 4).clamp(1, STREAM_CAP);
+        let batch =
+            (env.budget().saturating_bytes().saturating_sub(rbytes) / 4).clamp(1, STREAM_CAP);
         for b in left.batches::<&str>(None, batch)? {
             let b = b?;
             let mut held = env.hold(est(&b));
@@ -265,8 +269,8 @@ impl Join {
     ) -> Result<()> {
         let env = left.env();
         env.add_nested();
-        let page = (env.budget() / 10 * 3).max(1);
-        let lbatch = (env.budget() / 10).max(1);
+        let page = (env.budget().saturating_bytes() / 10 * 3).max(1);
+        let lbatch = (env.budget().saturating_bytes() / 10).max(1);
         for rp in right.batches(Some(&self.rcols), page)? {
             let rp = rp?;
             let _held_r = env.hold(est(&rp));

@@ -132,8 +132,10 @@ fn empty_of(frame: &RemoteFrame, cols: &[String]) -> Result<DataFrame> {
 }
 
 impl RemoteFrame {
+    /// The budget in bytes for sizing batches and partitions (no limit sizes as the
+    /// largest).
     fn env_budget(&self) -> u64 {
-        self.env().budget()
+        self.env().budget().saturating_bytes()
     }
 
     fn stream_bytes(&self) -> u64 {

@@ -204,7 +204,7 @@ impl Partitioned<'_> {
             return Ok(());
         }
         let env = frame.env();
-        let budget = env.budget();
+        let budget = env.budget().saturating_bytes();
         let idx = frame.column_indices(self.cols)?;
         let bytes = frame.meta().column_bytes(&idx);
         let need = bytes.saturating_mul(2);
@@ -226,13 +226,13 @@ impl Partitioned<'_> {
             frame.check_skew(self.kernel, self.keys, bytes, level, &path, parent_rows)?;
         }
         if level >= MAX_LEVEL {
-            return Err(Error::BudgetExceeded {
+            return Err(Error::OutOfBudget {
                 what: format!(
                     "{} partition {path} after {level} levels of partitioning",
                     self.kernel
                 ),
-                need,
-                budget,
+                need: Some(need),
+                budget: env.budget(),
             });
         }
         let p = parts_for(frame, bytes, need, budget, frame.stream_bytes());
@@ -247,10 +247,13 @@ impl Partitioned<'_> {
     /// stays within 40% of the budget (`None` as soon as it does not).
     pub(super) fn stream(&self, frame: &RemoteFrame) -> Result<Option<DataFrame>> {
         let env = frame.env();
-        let limit = env.budget() / 10 * 4;
+        let limit = env.budget().saturating_bytes() / 10 * 4;
         let mut acc = empty_of(frame, self.cols)?;
         let mut held = env.hold(0);
-        for b in frame.batches(Some(self.cols), (env.budget() / 5).clamp(1, STREAM_CAP))? {
+        for b in frame.batches(
+            Some(self.cols),
+            (env.budget().saturating_bytes() / 5).clamp(1, STREAM_CAP),
+        )? {
             let b = b?;
             held.set(est(&acc) + 2 * est(&b));
             acc =

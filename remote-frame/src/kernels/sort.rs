@@ -12,7 +12,7 @@ impl RemoteFrame {
     /// the budget; see [`RemoteFrame::sort_limit`] for a top-k that streams.
     ///
     /// # Errors
-    /// [`Error::BudgetExceeded`] when the frame does not fit; [`Error::UnknownColumn`].
+    /// [`Error::OutOfBudget`] when the frame does not fit; [`Error::UnknownColumn`].
     pub fn sort<S: AsRef<str>>(
         &self,
         by: &[S],
@@ -23,10 +23,10 @@ impl RemoteFrame {
         self.column_indices(&by)?;
         let need = 2 * self.data_bytes();
         if need > self.env_budget() {
-            return Err(Error::BudgetExceeded {
+            return Err(Error::OutOfBudget {
                 what: format!("sorting {} rows in memory", self.rows()),
-                need,
-                budget: self.env_budget(),
+                need: Some(need),
+                budget: self.env().budget(),
             });
         }
         let df = self.to_polars()?;

@@ -317,6 +317,7 @@ mod tests {
     use polars::prelude::{df, ChunkAgg, SortMultipleOptions};
 
     use super::*;
+    use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
     use crate::query::test_env::local_env;
@@ -338,7 +339,7 @@ mod tests {
     }
 
     fn run(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> (QueryOutput, u64) {
-        let env = budget.map_or_else(|| env.clone(), |b| env.with_budget(b));
+        let env = env.with_budget(Budget::from_limit(budget).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         session.register("t", t).unwrap();
         let out = session.sql(SQL).unwrap();
@@ -403,7 +404,7 @@ mod tests {
         )
         .unwrap();
         let t = RemoteFrame::from_polars(&env, &t).unwrap();
-        let env = env.with_budget(2 << 20);
+        let env = env.with_budget(Budget::bytes(2 << 20).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         session.register("t", &t).unwrap();
         let out = session

@@ -574,6 +574,7 @@ mod tests {
     use polars::prelude::{df, DataFrame, SortMultipleOptions};
 
     use super::*;
+    use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
     use crate::query::test_env::local_env;
@@ -613,10 +614,7 @@ mod tests {
         budget: Option<u64>,
         sql: &str,
     ) -> (QueryOutput, DataFrame) {
-        let env = match budget {
-            Some(b) => env.with_budget(b),
-            None => env.clone(),
-        };
+        let env = env.with_budget(Budget::from_limit(budget).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         for (name, frame) in frames {
             session.register(name, frame).unwrap();
@@ -727,7 +725,9 @@ mod tests {
     #[test]
     fn probe_sides_with_their_own_breakers_are_told_apart_from_pipelines() {
         let (env, frames) = env_and_frames();
-        let session = QuerySession::with_partitions(&env.with_budget(1 << 20), 1).unwrap();
+        let session =
+            QuerySession::with_partitions(&env.with_budget(Budget::bytes(1 << 20).unwrap()), 1)
+                .unwrap();
         for (name, frame) in &frames {
             session.register(name, frame).unwrap();
         }
@@ -742,7 +742,9 @@ mod tests {
     fn a_hybrid_join_dropped_midway_frees_its_spill_files() {
         let sql = "SELECT a.b_key, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
         let (env, frames) = env_and_frames();
-        let session = QuerySession::with_partitions(&env.with_budget(1 << 20), 1).unwrap();
+        let session =
+            QuerySession::with_partitions(&env.with_budget(Budget::bytes(1 << 20).unwrap()), 1)
+                .unwrap();
         for (name, frame) in &frames {
             session.register(name, frame).unwrap();
         }

@@ -11,11 +11,11 @@
 //! use scad_core::transport::LocalTransport;
 //! use scad_remote_array::MemoryElements;
 //! use scad_remote_frame::query::expr::{col, lit, sum};
-//! use scad_remote_frame::{FrameEnv, QuerySession, RemoteFrame};
+//! use scad_remote_frame::{Budget, FrameEnv, QuerySession, RemoteFrame};
 //!
 //! let elements = Arc::new(MemoryElements::new());
 //! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
-//! let env = FrameEnv::new(elements).with_budget(16 << 20);
+//! let env = FrameEnv::new(elements).with_budget(Budget::bytes(16 << 20)?);
 //! let sales = RemoteFrame::from_polars(&env, &df!("item" => [1i64, 2, 2, 3], "qty" => [5i64, 1, 2, 7])?)?;
 //! let session = QuerySession::new(&env)?;
 //! session.register("sales", &sales)?;
@@ -57,12 +57,14 @@ impl QuerySession {
     /// Table `name` as the start of a lazy query.
     ///
     /// # Errors
-    /// [`crate::Error::Query`] for an unknown table.
+    /// [`crate::Error::UnknownName`] for an unknown table.
     pub fn table(&self, name: &str) -> Result<LazyQuery<'_>> {
-        let df = self
-            .runtime
-            .block_on(self.ctx.table(name))
-            .map_err(query_error)?;
+        let df = self.runtime.block_on(self.ctx.table(name)).map_err(|e| {
+            match self.ctx.table_exist(name) {
+                Ok(false) => self.unknown_table_error(name.to_owned()),
+                _ => query_error(e),
+            }
+        })?;
         Ok(LazyQuery { session: self, df })
     }
 }

@@ -24,11 +24,11 @@
 //! use polars::prelude::*;
 //! use scad_core::transport::LocalTransport;
 //! use scad_remote_array::MemoryElements;
-//! use scad_remote_frame::{FrameEnv, QuerySession, RemoteFrame};
+//! use scad_remote_frame::{Budget, FrameEnv, QuerySession, RemoteFrame};
 //!
 //! let elements = Arc::new(MemoryElements::new());
 //! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
-//! let env = FrameEnv::new(elements).with_budget(16 << 20);
+//! let env = FrameEnv::new(elements).with_budget(Budget::bytes(16 << 20)?);
 //! let sales = df!("item" => [1i64, 2, 2, 3], "price" => [1.0, 2.0, 3.0, 4.0])?;
 //! let sales = RemoteFrame::from_polars(&env, &sales)?;
 //!
@@ -49,6 +49,7 @@ mod join;
 mod join_order;
 mod key_bounds;
 mod lazy;
+mod measure;
 mod numeric;
 mod operator;
 mod owned;
@@ -67,8 +68,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
 use arrow_schema::SchemaRef;
-use datafusion::common::DataFusionError;
+use datafusion::common::{DataFusionError, SchemaError};
 use datafusion::execution::disk_manager::DiskManagerBuilder;
 use datafusion::execution::memory_pool::{
     GreedyMemoryPool, MemoryPool, TrackConsumersPool, UnboundedMemoryPool,
@@ -80,10 +82,13 @@ use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use polars::prelude::DataFrame;
 
+use crate::budget::Budget;
 use crate::env::FrameEnv;
-use crate::error::{Error, Result};
+use crate::error::{Error, NameKind, Result};
 use crate::frame::RemoteFrame;
 use crate::interop;
 pub use lazy::{expr, LazyQuery};
@@ -99,7 +104,7 @@ pub use stage::{Stage, StageOutput, StagePlan};
 pub struct QuerySession {
     env: FrameEnv,
     ctx: SessionContext,
-    runtime: tokio::runtime::Runtime,
+    runtime: Arc<tokio::runtime::Runtime>,
     pool: Arc<PeakPool>,
     spill: Arc<SpillCounters>,
     tables: Mutex<BTreeMap<String, RemoteFrame>>,
@@ -124,8 +129,8 @@ pub struct QueryStats {
     pub rows: usize,
     /// The most local memory the query's operators had reserved at once.
     pub peak_local_bytes: u64,
-    /// The session's budget (`u64::MAX`: unlimited).
-    pub budget: u64,
+    /// The session's budget.
+    pub budget: Budget,
     /// Bytes the scans read from memory elements.
     pub scan_bytes: u64,
     /// Spill files written to memory elements.
@@ -219,7 +224,10 @@ impl QueryOutput {
                 self.stats.rows,
                 self.stats.elapsed,
                 self.stats.peak_local_bytes,
-                self.stats.budget,
+                self.stats
+                    .budget
+                    .limit()
+                    .map_or_else(|| "unlimited".to_owned(), |b| b.to_string()),
                 self.stats.scan_bytes,
                 self.stats.spill_files,
                 self.stats.spill_bytes_written,
@@ -255,9 +263,8 @@ impl QuerySession {
 
     fn build(env: &FrameEnv, partitions_wanted: Option<usize>) -> Result<Self> {
         let budget = env.budget();
-        let inner: Arc<dyn MemoryPool> = if budget == u64::MAX {
-            Arc::new(UnboundedMemoryPool::default())
-        } else {
+        let limit = budget.limit();
+        let inner: Arc<dyn MemoryPool> = if let Some(limit) = limit {
             let top = NonZeroUsize::new(5).unwrap_or(NonZeroUsize::MIN);
             // First come, first served: an operator that cannot get memory spills
             // (or, if it cannot spill, fails naming itself). DataFusion's fair pool
@@ -265,9 +272,11 @@ impl QuerySession {
             // an aggregate. Operators that run plans of their own (the spilling
             // aggregate's partitions) lend them memory they reserved up front.
             Arc::new(TrackConsumersPool::new(
-                GreedyMemoryPool::new(usize::try_from(budget).unwrap_or(usize::MAX)),
+                GreedyMemoryPool::new(usize::try_from(limit).unwrap_or(usize::MAX)),
                 top,
             ))
+        } else {
+            Arc::new(UnboundedMemoryPool::default())
         };
         let pool = Arc::new(PeakPool::new(inner));
         let spill = Arc::new(SpillCounters::default());
@@ -281,7 +290,7 @@ impl QuerySession {
                     // A sort merges at most this many spilled runs at once (more in
                     // further passes); unbounded, its merge takes all the memory
                     // free when it starts and starves the operators above it.
-                    .with_max_spill_merge_fan_in(if budget == u64::MAX { 0 } else { MERGE_FAN_IN }),
+                    .with_max_spill_merge_fan_in(if limit.is_some() { MERGE_FAN_IN } else { 0 }),
             )
             .build_arc()
             .map_err(query_error)?;
@@ -292,12 +301,12 @@ impl QuerySession {
             .with_target_partitions(partitions_wanted.unwrap_or(partitions(budget, threads)))
             .with_batch_size(batch_rows(budget))
             .with_information_schema(false);
-        if budget != u64::MAX {
+        if let Some(limit) = limit {
             // A sort keeps this much back for merging its spilled runs; DataFusion's
             // default (10 MiB) would be most of a small budget. The merge cannot spill,
             // and a second sort in the same pipeline (two windows in a row) fills the
             // pool while it runs: budget/64 was too little for one more batch there.
-            let reserve = (budget / 32).clamp(16 << 10, 10 << 20) as usize;
+            let reserve = (limit / 32).clamp(16 << 10, 10 << 20) as usize;
             config.options_mut().execution.sort_spill_reservation_bytes = reserve;
         }
         // Build sides by estimated cardinality: right after DataFusion's
@@ -309,7 +318,7 @@ impl QuerySession {
             .position(|r| r.name() == "join_selection")
             .map_or(0, |i| i + 1);
         rules.insert(at, Arc::new(join_order::JoinOrder));
-        if budget != u64::MAX {
+        if limit.is_some() {
             // Aggregation stays in two phases under a budget: the partial phase emits
             // early when its memory runs short, and the final phase is the one
             // SpillingAggregates makes spill by partitioning.
@@ -320,7 +329,7 @@ impl QuerySession {
             .with_runtime_env(runtime_env)
             .with_default_features()
             .with_physical_optimizer_rules(rules);
-        if budget != u64::MAX {
+        if limit.is_some() {
             state = state
                 .with_physical_optimizer_rule(Arc::new(join::SpillingJoins))
                 .with_physical_optimizer_rule(Arc::new(aggregate::SpillingAggregates))
@@ -329,11 +338,7 @@ impl QuerySession {
         let ctx = SessionContext::new_with_state(state.build());
         ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
         ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("scad-query")
-            .build()
-            .map_err(|e| Error::Query(Box::new(DataFusionError::IoError(e))))?;
+        let runtime = shared_runtime(threads)?;
         Ok(QuerySession {
             env: env.clone(),
             ctx,
@@ -370,6 +375,20 @@ impl QuerySession {
         Ok(())
     }
 
+    /// Removes table `name`; whether there was one. Queries running on the session
+    /// keep the frames they already planned with.
+    ///
+    /// # Errors
+    /// [`Error::Query`] when DataFusion's catalog refuses the name.
+    pub fn deregister(&self, name: &str) -> Result<bool> {
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        if tables.remove(name).is_none() {
+            return Ok(false);
+        }
+        self.ctx.deregister_table(name).map_err(query_error)?;
+        Ok(true)
+    }
+
     /// Names of the registered tables.
     pub fn table_names(&self) -> Vec<String> {
         self.tables
@@ -389,7 +408,7 @@ impl QuerySession {
         let df = self
             .runtime
             .block_on(self.ctx.sql_with_options(sql, options))
-            .map_err(query_error)?;
+            .map_err(|e| self.unknown_table(sql).unwrap_or_else(|| query_error(e)))?;
         self.plan_logical(df.logical_plan())
     }
 
@@ -420,9 +439,10 @@ impl QuerySession {
     ///
     /// # Errors
     /// [`Error::Unsupported`] for SQL the engine cannot run (named in the message),
-    /// refused before anything runs; [`Error::Query`] for unknown tables or columns
-    /// and type errors; [`Error::OutOfBudget`] when an operator that cannot spill
-    /// needs more than the budget; transport errors from the scans.
+    /// refused before anything runs; [`Error::UnknownName`] for unknown tables or
+    /// columns; [`Error::Query`] for type errors; [`Error::OutOfBudget`] when an
+    /// operator that cannot spill needs more than the budget; transport errors from the
+    /// scans.
     pub fn sql(&self, sql: &str) -> Result<QueryOutput> {
         self.run(|| self.plan(sql))
     }
@@ -434,7 +454,6 @@ impl QuerySession {
     ) -> Result<QueryOutput> {
         // One query at a time: the budget and the spill accounting are the session's.
         let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = Instant::now();
         let before = self.measure_start();
         let (logical, physical) = plan()?;
         let collected = self
@@ -443,7 +462,7 @@ impl QuerySession {
         self.await_spill_release();
         let batches = collected.map_err(|e| self.run_error(e))?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let stats = self.measure_end(start, before, rows, physical.as_ref());
+        let stats = self.measure_end(before, rows, physical.as_ref());
         Ok(QueryOutput {
             schema: physical.schema(),
             batches,
@@ -482,15 +501,79 @@ impl QuerySession {
         }
     }
 
+    /// Maps an error of a running query: as [`query_error`], and a reservation the
+    /// pool refused (DataFusion's `ResourcesExhausted`, however wrapped) as
+    /// [`Error::OutOfBudget`].
     fn run_error(&self, e: DataFusionError) -> Error {
         match e.find_root() {
             DataFusionError::ResourcesExhausted(detail) => Error::OutOfBudget {
+                what: detail.clone(),
+                need: None,
                 budget: self.env.budget(),
-                detail: detail.clone(),
             },
             _ => query_error(e),
         }
     }
+
+    /// The first table the query `sql` reads that the session does not have, as
+    /// [`Error::UnknownName`]; asked after planning failed, since DataFusion reports
+    /// a missing table only in a message. `None` when the catalog has every table the
+    /// query reads (CTE names are not tables), and for SQL that does not parse or is
+    /// not a query (a statement's target table is not read).
+    fn unknown_table(&self, sql: &str) -> Option<Error> {
+        let state = self.ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(sql, &dialect).ok()?;
+        let DfStatement::Statement(inner) = &statement else {
+            return None;
+        };
+        if !matches!(inner.as_ref(), SqlStatement::Query(_)) {
+            return None;
+        }
+        let references = state.resolve_table_references(&statement).ok()?;
+        references
+            .into_iter()
+            .find(|r| matches!(self.ctx.table_exist(r.clone()), Ok(false)))
+            .map(|r| self.unknown_table_error(r.to_string()))
+    }
+
+    /// [`Error::UnknownName`] for table `name`, listing the session's tables.
+    fn unknown_table_error(&self, name: String) -> Error {
+        Error::UnknownName {
+            kind: NameKind::Table,
+            name,
+            known: name_list(self.table_names()),
+        }
+    }
+}
+
+/// The runtime every session runs its queries on, started by the first session of
+/// the process with a worker per core: starting a session then costs no threads, and
+/// the sessions of a process share the cores instead of each owning a worker per core.
+/// A process forked after that has none of the parent's worker threads, so it starts
+/// a runtime of its own.
+fn shared_runtime(threads: usize) -> Result<Arc<tokio::runtime::Runtime>> {
+    static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+    let mut shared = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let pid = std::process::id();
+    match shared.take() {
+        Some((owner, runtime)) if owner == pid => {
+            *shared = Some((owner, runtime.clone()));
+            return Ok(runtime);
+        }
+        // The parent's runtime: its threads do not exist here, and shutting it down
+        // would wait for them.
+        Some((_, inherited)) => std::mem::forget(inherited),
+        None => {}
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("scad-query")
+        .build()
+        .map_err(|e| Error::Query(Box::new(DataFusionError::IoError(e))))?;
+    let runtime = Arc::new(runtime);
+    *shared = Some((pid, runtime.clone()));
+    Ok(runtime)
 }
 
 /// Spilled sort runs merged at once under a budget.
@@ -506,15 +589,21 @@ const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
 /// than one: joins DataFusion collects on one side fail when split, and q21 hung.
 const PARTITION_BUDGET: u64 = 256 << 20;
 
-fn partitions(budget: u64, threads: usize) -> usize {
-    let by_budget = usize::try_from(budget / PARTITION_BUDGET).unwrap_or(usize::MAX);
+fn partitions(budget: Budget, threads: usize) -> usize {
+    let Some(limit) = budget.limit() else {
+        return threads.max(1);
+    };
+    let by_budget = usize::try_from(limit / PARTITION_BUDGET).unwrap_or(usize::MAX);
     threads.min(by_budget).max(1)
 }
 
 /// Rows per batch: DataFusion's 8192, fewer for small budgets (about 2 KiB of budget
 /// per row), so that a sort's or aggregate's share holds several batches.
-fn batch_rows(budget: u64) -> usize {
-    usize::try_from(budget / 2048)
+fn batch_rows(budget: Budget) -> usize {
+    let Some(limit) = budget.limit() else {
+        return 8192;
+    };
+    usize::try_from(limit / 2048)
         .unwrap_or(usize::MAX)
         .clamp(1024, 8192)
 }
@@ -531,38 +620,82 @@ fn is_ordered(plan: &LogicalPlan) -> bool {
     }
 }
 
-/// Bytes read from memory elements by the plan's scans of tables and stage outputs
-/// (their `bytes_read` metric).
-fn scan_bytes(plan: &dyn ExecutionPlan) -> u64 {
-    let own = if plan.is::<scan::RemoteScanExec>() || plan.is::<stage::StageInputExec>() {
-        plan.metrics()
-            .and_then(|m| m.sum_by_name("bytes_read"))
-            .map(|v| v.as_usize() as u64)
-            .unwrap_or(0)
-    } else {
-        0
+/// Maps a DataFusion error by its variants, never by its message: our own errors
+/// (which operators and scans pass through DataFusion as external errors) come back
+/// as themselves however DataFusion wrapped them, SQL the engine does not implement
+/// as [`Error::Unsupported`], a column not in scope as [`Error::UnknownName`], the
+/// rest as [`Error::Query`].
+fn query_error(e: DataFusionError) -> Error {
+    let e = match take_ours(e) {
+        Ok(ours) => return ours,
+        Err(e) => e,
     };
-    own + plan
-        .children()
-        .into_iter()
-        .map(|c| scan_bytes(c.as_ref()))
-        .sum::<u64>()
+    match e.find_root() {
+        DataFusionError::NotImplemented(what) => match &e {
+            DataFusionError::Context(ctx, _) => Error::Unsupported(format!("{ctx}: {what}")),
+            _ => Error::Unsupported(what.clone()),
+        },
+        DataFusionError::SchemaError(schema, _) => match schema.as_ref() {
+            SchemaError::FieldNotFound {
+                field,
+                valid_fields,
+            } => Error::UnknownName {
+                kind: NameKind::Column,
+                name: field.flat_name(),
+                known: name_list(valid_fields.iter().map(|c| c.flat_name())),
+            },
+            _ => Error::Query(Box::new(e)),
+        },
+        _ => Error::Query(Box::new(e)),
+    }
 }
 
-/// Maps a DataFusion error: our own errors come back as themselves, SQL the engine
-/// does not implement as [`Error::Unsupported`].
-fn query_error(e: DataFusionError) -> Error {
+/// Names for [`Error::UnknownName`]'s `known`: comma separated, `none` for none.
+fn name_list(names: impl IntoIterator<Item = String>) -> String {
+    let names: Vec<String> = names.into_iter().collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// Our own error inside `e`, through the wrappers DataFusion puts around errors
+/// (context, diagnostics, an external or Arrow external error, a shared error held
+/// once); `e` itself, unchanged, when there is none.
+fn take_ours(e: DataFusionError) -> std::result::Result<Error, DataFusionError> {
     match e {
-        DataFusionError::NotImplemented(what) => Error::Unsupported(what),
-        DataFusionError::External(inner) => match inner.downcast::<Error>() {
-            Ok(ours) => *ours,
-            Err(other) => Error::Query(Box::new(DataFusionError::External(other))),
+        DataFusionError::External(inner) => external(inner).map_err(DataFusionError::External),
+        DataFusionError::ArrowError(arrow, backtrace) => match *arrow {
+            ArrowError::ExternalError(inner) => external(inner).map_err(|inner| {
+                DataFusionError::ArrowError(Box::new(ArrowError::ExternalError(inner)), backtrace)
+            }),
+            other => Err(DataFusionError::ArrowError(Box::new(other), backtrace)),
         },
-        DataFusionError::Context(ctx, inner) => match *inner {
-            DataFusionError::NotImplemented(what) => Error::Unsupported(format!("{ctx}: {what}")),
-            other => Error::Query(Box::new(DataFusionError::Context(ctx, Box::new(other)))),
+        DataFusionError::Context(ctx, inner) => {
+            take_ours(*inner).map_err(|inner| DataFusionError::Context(ctx, Box::new(inner)))
+        }
+        DataFusionError::Diagnostic(diagnostic, inner) => take_ours(*inner)
+            .map_err(|inner| DataFusionError::Diagnostic(diagnostic, Box::new(inner))),
+        DataFusionError::Shared(shared) => match Arc::try_unwrap(shared) {
+            Ok(inner) => take_ours(inner),
+            Err(shared) => Err(DataFusionError::Shared(shared)),
         },
-        other => Error::Query(Box::new(other)),
+        other => Err(other),
+    }
+}
+
+/// Our error in an external error, directly or inside a DataFusion error.
+fn external(
+    inner: Box<dyn std::error::Error + Send + Sync>,
+) -> std::result::Result<Error, Box<dyn std::error::Error + Send + Sync>> {
+    let inner = match inner.downcast::<Error>() {
+        Ok(ours) => return Ok(*ours),
+        Err(inner) => inner,
+    };
+    match inner.downcast::<DataFusionError>() {
+        Ok(df) => take_ours(*df).map_err(|df| Box::new(df) as _),
+        Err(inner) => Err(inner),
     }
 }
 
@@ -588,5 +721,133 @@ pub(crate) mod test_env {
             .unwrap();
         }
         FrameEnv::new(all).with_chunk_rows(4096)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use polars::prelude::df;
+
+    use arrow_schema::ArrowError;
+    use datafusion::common::DataFusionError;
+
+    use super::test_env::local_env;
+    use super::{query_error, QuerySession};
+    use crate::budget::Budget;
+    use crate::error::{Error, NameKind};
+    use crate::frame::RemoteFrame;
+
+    #[test]
+    fn sessions_share_one_runtime() {
+        let env = local_env(1, 16 << 20);
+        let a = QuerySession::new(&env).unwrap();
+        let b = QuerySession::with_partitions(&env, 1).unwrap();
+        assert!(Arc::ptr_eq(&a.runtime, &b.runtime));
+        let c = QuerySession::new(&env).unwrap();
+        drop(a);
+        drop(b);
+        // Dropping sessions leaves the runtime to the next.
+        let t = RemoteFrame::from_polars(&env, &df!("x" => [1i64, 2, 3]).unwrap()).unwrap();
+        c.register("t", &t).unwrap();
+        assert_eq!(c.sql("SELECT sum(x) AS s FROM t").unwrap().rows(), 1);
+    }
+
+    #[test]
+    fn a_deregistered_table_is_gone() {
+        let env = local_env(1, 16 << 20);
+        let s = QuerySession::new(&env).unwrap();
+        let t = RemoteFrame::from_polars(&env, &df!("x" => [1i64, 2, 3]).unwrap()).unwrap();
+        s.register("t", &t).unwrap();
+        assert!(s.deregister("t").unwrap());
+        assert!(s.table_names().is_empty());
+        let err = s.sql("SELECT x FROM t").unwrap_err();
+        assert!(
+            matches!(&err, Error::UnknownName { kind: NameKind::Table, name, known } if name == "t" && known == "none"),
+            "{err}"
+        );
+        assert!(!s.deregister("t").unwrap());
+        // The name can be used again.
+        s.register("t", &t).unwrap();
+        assert_eq!(s.sql("SELECT x FROM t").unwrap().rows(), 3);
+    }
+
+    #[test]
+    fn our_errors_come_back_through_any_wrapping() {
+        let ours = || DataFusionError::External(Box::new(Error::InvalidArgument("mine".into())));
+        let wrapped = [
+            ours(),
+            DataFusionError::Context("reading".into(), Box::new(ours())),
+            DataFusionError::Shared(Arc::new(ours())),
+            DataFusionError::ArrowError(
+                Box::new(ArrowError::ExternalError(Box::new(
+                    DataFusionError::Context("deep".into(), Box::new(ours())),
+                ))),
+                None,
+            ),
+        ];
+        for e in wrapped {
+            let shown = e.to_string();
+            assert!(
+                matches!(query_error(e), Error::InvalidArgument(ref m) if m == "mine"),
+                "{shown}"
+            );
+        }
+        // A shared error held twice stays DataFusion's (it cannot be taken apart).
+        let shared = Arc::new(ours());
+        let twice = DataFusionError::Shared(shared.clone());
+        assert!(matches!(query_error(twice), Error::Query(_)));
+        let unsupported = DataFusionError::Context(
+            "planning".into(),
+            Box::new(DataFusionError::NotImplemented("PIVOT".into())),
+        );
+        assert!(
+            matches!(query_error(unsupported), Error::Unsupported(ref m) if m == "planning: PIVOT")
+        );
+    }
+
+    #[test]
+    fn unknown_tables_and_columns_and_an_exhausted_pool_are_typed() {
+        let env = local_env(1, 16 << 20);
+        let t = RemoteFrame::from_polars(&env, &df!("x" => [1i64, 2, 3]).unwrap()).unwrap();
+        let s = QuerySession::new(&env.with_budget(Budget::bytes(1 << 20).unwrap())).unwrap();
+        s.register("t", &t).unwrap();
+        let unknown = |e: Error| match e {
+            Error::UnknownName { kind, name, known } => (kind, name, known),
+            other => panic!("not an unknown name: {other}"),
+        };
+        let (kind, name, known) = unknown(s.sql("SELECT x FROM nope JOIN t ON true").unwrap_err());
+        assert_eq!(
+            (kind, name.as_str(), known.as_str()),
+            (NameKind::Table, "nope", "t")
+        );
+        let (kind, name, _) = unknown(s.table("nope").unwrap_err());
+        assert_eq!((kind, name.as_str()), (NameKind::Table, "nope"));
+        let (kind, name, known) = unknown(s.sql("SELECT y FROM t").unwrap_err());
+        assert_eq!(
+            (kind, name.as_str(), known.as_str()),
+            (NameKind::Column, "y", "t.x")
+        );
+        // A CTE is not a table, and another planning error stays a query error.
+        let cte = "WITH c AS (SELECT x FROM t) SELECT sum(x) AS s FROM c";
+        assert_eq!(s.sql(cte).unwrap().rows(), 1);
+        let typo = s.sql("WITH c AS (SELECT x FROM t) SELECT x + 'a' FROM c");
+        assert!(matches!(typo, Err(Error::Query(_))), "{typo:?}");
+        // A statement's target is not a table it reads.
+        let ddl = s.sql("CREATE TABLE nope AS SELECT 1");
+        assert!(matches!(ddl, Err(Error::Query(_))), "{ddl:?}");
+        // The pool's refusal, however wrapped, is the one out-of-budget error.
+        let exhausted = DataFusionError::Context(
+            "HashJoin".into(),
+            Box::new(DataFusionError::ResourcesExhausted("no more".into())),
+        );
+        match s.run_error(exhausted) {
+            Error::OutOfBudget { what, need, budget } => {
+                assert_eq!((what.as_str(), need), ("no more", None));
+                assert_eq!(budget, Budget::bytes(1 << 20).unwrap());
+            }
+            other => panic!("{other}"),
+        }
     }
 }

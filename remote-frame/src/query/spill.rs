@@ -13,6 +13,7 @@ use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::spill_file::{SpillFile, SpillWriter, TempFileFactory};
 use futures::Stream;
 
+use crate::budget::Budget;
 use crate::env::FrameEnv;
 
 /// The most bytes a spill writer gathers locally before writing them as one remote
@@ -28,8 +29,11 @@ const MIN_BLOCK_BYTES: usize = 16 << 10;
 /// within a quarter of the budget. Smaller blocks cost a remote write and read each
 /// (at 16 KiB the operator benchmark's group-by at 25 % took 1.5x as long as at
 /// 64 KiB).
-fn block_bytes(budget: u64) -> usize {
-    usize::try_from(budget / 256)
+fn block_bytes(budget: Budget) -> usize {
+    let Some(limit) = budget.limit() else {
+        return BLOCK_BYTES;
+    };
+    usize::try_from(limit / 256)
         .unwrap_or(usize::MAX)
         .clamp(MIN_BLOCK_BYTES, BLOCK_BYTES)
 }
@@ -294,13 +298,14 @@ mod tests {
 
     #[test]
     fn blocks_shrink_with_the_budget() {
-        assert_eq!(block_bytes(u64::MAX), BLOCK_BYTES);
-        assert_eq!(block_bytes(64 << 20), 256 << 10);
-        assert_eq!(block_bytes(1 << 20), MIN_BLOCK_BYTES);
+        let bytes = |b: u64| Budget::bytes(b).unwrap();
+        assert_eq!(block_bytes(Budget::Unlimited), BLOCK_BYTES);
+        assert_eq!(block_bytes(bytes(64 << 20)), 256 << 10);
+        assert_eq!(block_bytes(bytes(1 << 20)), MIN_BLOCK_BYTES);
         // A join's 64 writers' blocks take at most a quarter of a budget that is
         // not tiny.
         for budget in [4u64 << 20, 25 << 20, 200 << 20] {
-            assert!(64 * block_bytes(budget) as u64 <= budget / 4);
+            assert!(64 * block_bytes(bytes(budget)) as u64 <= budget / 4);
         }
     }
 

@@ -20,9 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
-use std::time::Instant;
 
 use arrow_array::{new_null_array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -255,7 +253,6 @@ impl QuerySession {
         inputs: &BTreeMap<usize, Vec<RemoteFrame>>,
     ) -> Result<StageOutput> {
         let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = Instant::now();
         let before = self.measure_start();
         let (_, physical) = self.plan(sql)?;
         let cuts = cut(&physical);
@@ -277,7 +274,7 @@ impl QuerySession {
         let bytes_written = frames.iter().map(RemoteFrame::data_bytes).sum();
         Ok(StageOutput {
             frames,
-            stats: self.measure_end(start, before, rows, plan.as_ref()),
+            stats: self.measure_end(before, rows, plan.as_ref()),
             bytes_written,
         })
     }
@@ -556,44 +553,5 @@ impl ExecutionPlan for StageInputExec {
             partition,
             None,
         ))
-    }
-}
-
-/// Spill counters at a query's start, to report its own.
-pub(super) struct MeasureStart {
-    files: u64,
-    written: u64,
-    read: u64,
-}
-
-impl QuerySession {
-    /// Resets the peak and notes the spill counters before a query or stage runs.
-    pub(super) fn measure_start(&self) -> MeasureStart {
-        self.pool.reset_peak();
-        MeasureStart {
-            files: self.spill.files.load(Ordering::Relaxed),
-            written: self.spill.bytes_written.load(Ordering::Relaxed),
-            read: self.spill.bytes_read.load(Ordering::Relaxed),
-        }
-    }
-
-    /// The statistics of a query or stage that started at `start`.
-    pub(super) fn measure_end(
-        &self,
-        start: Instant,
-        before: MeasureStart,
-        rows: usize,
-        plan: &dyn ExecutionPlan,
-    ) -> QueryStats {
-        QueryStats {
-            elapsed: start.elapsed(),
-            rows,
-            peak_local_bytes: self.pool.peak_reserved() as u64,
-            budget: self.env.budget(),
-            scan_bytes: super::scan_bytes(plan),
-            spill_files: self.spill.files.load(Ordering::Relaxed) - before.files,
-            spill_bytes_written: self.spill.bytes_written.load(Ordering::Relaxed) - before.written,
-            spill_bytes_read: self.spill.bytes_read.load(Ordering::Relaxed) - before.read,
-        }
     }
 }

@@ -450,6 +450,7 @@ impl WindowRun {
 mod tests {
     use polars::prelude::{df, DataFrame, SortMultipleOptions};
 
+    use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::error::Error;
     use crate::frame::RemoteFrame;
@@ -475,7 +476,7 @@ mod tests {
     }
 
     fn run(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> QueryOutput {
-        let env = budget.map_or_else(|| env.clone(), |b| env.with_budget(b));
+        let env = env.with_budget(Budget::from_limit(budget).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         session.register("t", t).unwrap();
         let out = session.sql(SQL).unwrap();
@@ -516,7 +517,7 @@ mod tests {
     #[test]
     fn a_failed_window_query_leaves_nothing_allocated() {
         let (env, t) = env_and_table();
-        let env = env.with_budget(1 << 20);
+        let env = env.with_budget(Budget::bytes(1 << 20).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         session.register("t", &t).unwrap();
         let err = session.sql(SQL).unwrap_err();

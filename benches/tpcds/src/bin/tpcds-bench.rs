@@ -30,7 +30,7 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use indicatif::{ProgressBar, ProgressStyle};
 use scad_benches::{horizontal_bars, results_dir, Bar};
-use scad_remote_frame::{dataframe_to_record_batches, record_batches_to_dataframe};
+use scad_remote_frame::{dataframe_to_record_batches, record_batches_to_dataframe, Budget};
 use scad_tpcds::compare::compare_values;
 use scad_tpcds::data::{generate, repo_root, DataSet, GenerateOptions};
 use scad_tpcds::engine::{official_queries, parse_queries, run_query, session};
@@ -119,7 +119,7 @@ fn run_ours(
     let s = spinner(format!("{what}: loading the tables"))?;
     let tables = load_tables(cluster, set, None)?;
     s.finish_and_clear();
-    let env = cluster.env().with_budget(budget);
+    let env = cluster.env().with_budget(Budget::bytes(budget)?);
     let session = session(&env, &tables.open(cluster)?)?;
     let b = bar(queries.len(), what)?;
     let mut out = BTreeMap::new();

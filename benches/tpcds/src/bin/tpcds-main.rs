@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use scad_remote_frame::Budget;
 use scad_tpcds::compare::compare_values;
 use scad_tpcds::data::{generate, DataSet, GenerateOptions};
 use scad_tpcds::engine::{official_queries, parse_queries, query_number, run_query, session};
@@ -48,7 +49,7 @@ use scad_tpcds::regress::{
 use scad_tpcds::remote::{
     duckdb_timings, load_tables, Cluster, DuckDbTiming, RedisServer, TransportKind,
 };
-use scad_tpcds::report::{fmt_bytes, fmt_secs, parse_budget};
+use scad_tpcds::report::{fmt_budget, fmt_bytes, fmt_secs, parse_budget};
 use scad_tpcds::stages::{
     load_run_dir, read_answer, read_tables, run_query_in_processes, run_stage_here, StageCommand,
 };
@@ -216,7 +217,7 @@ fn stage_command(command: StageCommandArgs) -> Result<()> {
         StageCommandArgs::Plan { target, query } => {
             let (cluster, set) = open_target(&target)?;
             let (q, budget) = stage_query(&query, &target.dir)?;
-            let env = cluster.env().with_budget(budget);
+            let env = cluster.env().with_budget(Budget::bytes(budget)?);
             let s = session(&env, &read_tables(&target.dir)?.open(&cluster)?)?;
             let plan = s.stages(&scad_tpcds::engine::query_sql(&set, &q)?)?;
             println!("{}", serde_json::to_string_pretty(&plan)?);
@@ -234,7 +235,7 @@ fn stage_command(command: StageCommandArgs) -> Result<()> {
         StageCommandArgs::Result { target, query } => {
             let (cluster, set) = open_target(&target)?;
             let (q, budget) = stage_query(&query, &target.dir)?;
-            let env = cluster.env().with_budget(budget);
+            let env = cluster.env().with_budget(Budget::bytes(budget)?);
             let s = session(&env, &read_tables(&target.dir)?.open(&cluster)?)?;
             let plan = s.stages(&scad_tpcds::engine::query_sql(&set, &q)?)?;
             let df = read_answer(&cluster, &target.dir, &q, &plan)?;
@@ -353,7 +354,7 @@ fn main() -> Result<()> {
             "query"
         }
     );
-    let env = cluster.env().with_budget(budget);
+    let env = cluster.env().with_budget(Budget::bytes(budget)?);
     let session = session(&env, &tables.open(&cluster)?)?;
     let servers = if args.servers.is_empty() {
         cluster.server_addrs()
@@ -410,7 +411,7 @@ fn main() -> Result<()> {
                 format!(
                     "{} / {}",
                     fmt_bytes(s.peak_local_bytes),
-                    fmt_bytes(s.budget)
+                    fmt_budget(s.budget)
                 ),
                 format!("{} in {}", fmt_bytes(s.spill_bytes_written), s.spill_files),
                 match error {

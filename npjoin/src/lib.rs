@@ -1,4 +1,4 @@
-//! The kernels behind Python's `npjoin.join`: hash join on numeric keys, hash
+//! # scad-npjoin — the kernels behind Python's `npjoin.join`: hash join on numeric keys, hash
 //! partitioning and counting sort, over plain slices.
 //!
 //! Keys are first turned into 64-bit *key codes* ([`KeyCode`], [`codes`]) so that
@@ -19,8 +19,11 @@
 //! Indexers are `isize` (NumPy's `intp`). Nothing here touches Python; the binding
 //! (scad-py) converts arrays, checks dtypes and releases the GIL around these calls.
 //!
+//! The crate has no cargo features. The kernels are plain functions over slices and
+//! a [`JoinTable`] is immutable once built (`Send + Sync`), so any thread may run them.
+//!
 //! ```
-//! use scad_remote_frame::npjoin::{codes, JoinTable, KeyType};
+//! use scad_npjoin::{codes, JoinTable, KeyType};
 //!
 //! let left = codes([1i64, 2, 2, 3]);
 //! let right = codes([2i64, 5, 3, 2]);
@@ -28,7 +31,7 @@
 //! let (li, ri) = table.probe(&sorter, &count, &right)?;
 //! assert_eq!(li, [1, 1, 2, 2, 3]);
 //! assert_eq!(ri, [0, 3, 0, 3, 2]);
-//! # Ok::<(), scad_remote_frame::npjoin::NpJoinError>(())
+//! # Ok::<(), scad_npjoin::NpJoinError>(())
 //! ```
 
 use std::collections::HashMap;
@@ -201,10 +204,15 @@ pub fn codes<T: KeyCode>(keys: impl IntoIterator<Item = T>) -> Vec<u64> {
     keys.into_iter().map(KeyCode::code).collect()
 }
 
-/// One step of splitmix64 (the golden-ratio increment, then the finalizer the frame
-/// kernels hash with): a fixed, well-mixing hash, the same in every process.
+/// One step of splitmix64 (the golden-ratio increment, then its finalizer): a fixed,
+/// well-mixing hash, the same in every process.
 pub fn mix(z: u64) -> u64 {
-    crate::hash::mix(z.wrapping_add(0x9e37_79b9_7f4a_7c15))
+    let mut x = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
 }
 
 /// Hasher for keys that are already 64-bit key codes.
