@@ -350,16 +350,20 @@ impl QuerySession {
         &self.env
     }
 
-    /// Makes `frame` queryable as table `name` (replacing a table of that name).
+    /// Makes `frame` queryable as table `name` (replacing a table of that name),
+    /// after checking its seal (every scan of it checks the seal again).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty name; [`Error::Query`].
+    /// [`Error::InvalidArgument`] for an empty name; [`Error::Freed`] and
+    /// [`Error::Stale`] for a frame that was freed or whose memory no longer holds it;
+    /// [`Error::Query`].
     pub fn register(&self, name: &str, frame: &RemoteFrame) -> Result<()> {
         if name.trim().is_empty() {
             return Err(Error::InvalidArgument(
                 "a table name must not be empty".into(),
             ));
         }
+        frame.check_seal()?;
         self.ctx
             .register_table(name, Arc::new(RemoteTable::new(frame.clone())?))
             .map_err(query_error)?;
@@ -551,7 +555,28 @@ fn scan_bytes(plan: &dyn ExecutionPlan) -> u64 {
 
 /// Maps a DataFusion error: our own errors come back as themselves, SQL the engine
 /// does not implement as [`Error::Unsupported`].
+/// A freed or stale frame found by a scan, however deep DataFusion wrapped it: the
+/// error itself rather than a query error around it.
+fn frame_gone(e: &DataFusionError) -> Option<Error> {
+    let DataFusionError::External(inner) = e.find_root() else {
+        return None;
+    };
+    match inner.downcast_ref::<Error>()? {
+        Error::Freed { frame } => Some(Error::Freed {
+            frame: frame.clone(),
+        }),
+        Error::Stale { frame, reason } => Some(Error::Stale {
+            frame: frame.clone(),
+            reason: reason.clone(),
+        }),
+        _ => None,
+    }
+}
+
 fn query_error(e: DataFusionError) -> Error {
+    if let Some(gone) = frame_gone(&e) {
+        return gone;
+    }
     match e {
         DataFusionError::NotImplemented(what) => Error::Unsupported(what),
         DataFusionError::External(inner) => match inner.downcast::<Error>() {
