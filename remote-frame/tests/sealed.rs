@@ -15,7 +15,9 @@ use common::{env, Backend};
 use polars::prelude::*;
 use scad_core::transport::{LocalTransport, TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
-use scad_remote_frame::{Error, FrameEnv, FrameMeta, FrameWriter, QuerySession, RemoteFrame};
+use scad_remote_frame::{
+    Error, FrameEnv, FrameMeta, FrameWriter, JoinType, QuerySession, RemoteFrame,
+};
 
 /// Free bytes over all elements.
 fn available(env: &FrameEnv) -> u64 {
@@ -146,6 +148,20 @@ fn metadata_of_a_freed_frame_is_refused_until_and_after_its_memory_is_reused() {
     assert!(freed(opened.to_polars().map(drop)));
     assert!(freed(opened.batches::<&str>(None, 1 << 20).map(drop)));
     assert!(freed(sql_sum(&env, &opened).map(drop)));
+    // Every kernel too (some read a frame that fits the budget in one go).
+    assert!(freed(opened.filter(col("a").gt(lit(1))).map(drop)));
+    assert!(freed(opened.group_by(&["a"], [col("a").count()]).map(drop)));
+    assert!(freed(opened.distinct::<&str>(None).map(drop)));
+    assert!(freed(opened.sort(&["a"], Default::default()).map(drop)));
+    assert!(freed(opened.limit(5).map(drop)));
+    let live = RemoteFrame::from_polars(&env, &table(3)).unwrap();
+    for join in [
+        opened.join(&live, ["a"], ["a"], JoinType::Inner),
+        live.join(&opened, ["a"], ["a"], JoinType::Semi),
+    ] {
+        assert!(freed(join.map(drop)));
+    }
+    live.free().unwrap();
     let state = env.elements().allocation_state();
     assert!(freed(opened.clone().free()));
     assert_eq!(
