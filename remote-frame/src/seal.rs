@@ -264,6 +264,25 @@ pub(crate) fn verify(env: &FrameEnv, meta: &FrameMeta) -> Result<SealImage> {
     };
     let want = image(meta, seal.nonce)?;
     check(env, meta, &want)?;
+    let heads = read_heads(env, meta)?;
+    for (k, (got, want)) in heads.iter().zip(&seal.chunk_heads).enumerate() {
+        if got != want {
+            let c = &meta.chunks[k];
+            return Err(Error::Stale {
+                frame: label(meta),
+                reason: format!(
+                    "chunk {k} at {}:{:#x} was overwritten since the frame was written",
+                    c.element, c.addr
+                ),
+            });
+        }
+    }
+    Ok(want)
+}
+
+/// The fingerprints of the chunks' heads as memory holds them now, one vectored read
+/// per memory element.
+fn read_heads(env: &FrameEnv, meta: &FrameMeta) -> Result<Vec<u64>> {
     let mut heads: Vec<Vec<u8>> = meta
         .chunks
         .iter()
@@ -290,20 +309,33 @@ pub(crate) fn verify(env: &FrameEnv, meta: &FrameMeta) -> Result<SealImage> {
             .read_vectored(&mut ops)
             .map_err(|e| transport_err("read", element, first, len, e))?;
     }
-    for (k, (head, want)) in heads.iter().zip(&seal.chunk_heads).enumerate() {
-        let got = if head.is_empty() { 0 } else { fnv1a(head) };
-        if got != *want {
-            let c = &meta.chunks[k];
-            return Err(Error::Stale {
-                frame: label(meta),
-                reason: format!(
-                    "chunk {k} at {}:{:#x} was overwritten since the frame was written",
-                    c.element, c.addr
-                ),
-            });
-        }
+    Ok(heads
+        .iter()
+        .map(|h| if h.is_empty() { 0 } else { fnv1a(h) })
+        .collect())
+}
+
+/// Makes memory and `meta` agree whatever memory holds: writes the seal `meta` names
+/// at its address and records the chunk heads memory has, so that
+/// [`crate::RemoteFrame::open`] accepts metadata over arbitrary bytes. For the fuzz
+/// harness and tests of the decoders only: it defeats the check seals exist for.
+///
+/// # Errors
+/// [`Error::Meta`] for metadata without a seal; transport errors.
+#[doc(hidden)]
+pub fn forge(env: &FrameEnv, meta: &mut FrameMeta) -> Result<()> {
+    let Some(seal) = &meta.seal else {
+        return Err(Error::Meta("metadata without a seal".into()));
+    };
+    let bytes = image(meta, seal.nonce)?;
+    env.transport(&seal.element)?
+        .write(seal.addr, &bytes)
+        .map_err(|e| transport_err("write", &seal.element, seal.addr, SEAL_BYTES, e))?;
+    let heads = read_heads(env, meta)?;
+    if let Some(seal) = meta.seal.as_mut() {
+        seal.chunk_heads = heads;
     }
-    Ok(want)
+    Ok(())
 }
 
 /// Zeroes `seal`, so the frame's metadata no longer opens.
