@@ -1,7 +1,9 @@
 //! The `frame_meta` fuzz target: `FrameMeta` JSON as one compute element hands it to the
 //! next. Metadata that loads validates, round-trips through JSON, opens as a
 //! `RemoteFrame` over two local memory elements, and reads (whole and a projection)
-//! without panicking: bytes that do not fit the metadata must be an error.
+//! without panicking: bytes that do not fit the metadata must be an error. (The memory
+//! holds a byte pattern, not the frame: the harness forges the seal the metadata names,
+//! so that opening passes and the decoders see the bytes; it puts the pattern back.)
 //!
 //! Kept apart from `harness.rs` so the remote-array replay test does not need the
 //! dataframe crate; `remote-frame/tests/fuzz_regressions.rs` includes this file by path
@@ -11,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use scad_core::transport::LocalTransport;
 use scad_remote_array::MemoryElements;
-use scad_remote_frame::{FrameEnv, FrameMeta, RemoteFrame};
+use scad_remote_frame::{seal, FrameEnv, FrameMeta, RemoteFrame, SEAL_BYTES};
 
 /// Largest frame (in stored bytes) the harness reads back, so one input stays fast.
 const READ_LIMIT: u64 = 1 << 20;
@@ -40,7 +42,7 @@ pub fn frame_meta(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(meta) = FrameMeta::from_json(text) else {
+    let Ok(mut meta) = FrameMeta::from_json(text) else {
         return;
     };
     if let Err(e) = meta.validate() {
@@ -53,9 +55,27 @@ pub fn frame_meta(data: &[u8]) {
     let Some(env) = env() else {
         return;
     };
-    let Ok(frame) = RemoteFrame::open(env, meta) else {
+    let Some(s) = meta.seal.clone() else {
         return;
     };
+    let Ok(t) = env.elements().transport(&s.element) else {
+        return;
+    };
+    let mut pattern = [0u8; SEAL_BYTES as usize];
+    if t.read(s.addr, &mut pattern).is_err() {
+        return;
+    }
+    if seal::forge(env, &mut meta).is_ok() {
+        if let Ok(frame) = RemoteFrame::open(env, meta) {
+            read(&frame);
+        }
+    }
+    if let Err(e) = t.write(s.addr, &pattern) {
+        panic!("cannot put the pattern back: {e}");
+    }
+}
+
+fn read(frame: &RemoteFrame) {
     if frame.data_bytes() > READ_LIMIT {
         return;
     }

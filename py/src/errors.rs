@@ -41,6 +41,21 @@ create_exception!(
      a statement other than a query (DDL, DML), a failing operator."
 );
 
+create_exception!(
+    _native,
+    FreedFrameError,
+    ScadError,
+    "The frame was freed through this handle or another handle of it: every later use raises."
+);
+
+create_exception!(
+    _native,
+    StaleFrameError,
+    ScadError,
+    "Memory no longer holds the frame the metadata describes: it was freed (in this process \
+     or another), its memory reused or overwritten, or the metadata changed."
+);
+
 /// `UnknownNameError(QueryError, KeyError)`, made once per interpreter: pyo3's
 /// `create_exception!` takes one base class, and this one has two.
 static UNKNOWN_NAME_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();

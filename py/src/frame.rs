@@ -20,7 +20,8 @@ use scad_remote_frame::{
 
 use crate::arrow_ffi::{export_stream, import_stream};
 use crate::errors::{
-    array_err, detach, unknown_name_error, BudgetExceededError, QueryError, ScadError,
+    array_err, detach, unknown_name_error, BudgetExceededError, FreedFrameError, QueryError,
+    ScadError, StaleFrameError,
 };
 use crate::pool::PyStore;
 
@@ -32,10 +33,13 @@ const STREAM_BATCH_CAP: u64 = 64 << 20;
 /// `OutOfBudget` (a kernel's or a query operator's) and `Skew` are a
 /// `BudgetExceededError`; query errors: `UnknownName` an `UnknownNameError` (a
 /// `QueryError` and a `KeyError`), `Unsupported` a `NotImplementedError`, `Query` a
-/// `QueryError`.
+/// `QueryError`. A freed handle raises `FreedFrameError`, metadata whose memory no
+/// longer holds the frame `StaleFrameError`.
 pub fn frame_err(e: FrameError) -> PyErr {
     let msg = e.to_string();
     match e {
+        FrameError::Freed { .. } => FreedFrameError::new_err(msg),
+        FrameError::Stale { .. } => StaleFrameError::new_err(msg),
         FrameError::Array(a) => array_err(*a),
         FrameError::UnknownColumn { .. } => PyKeyError::new_err(msg),
         FrameError::TypeMismatch { .. } | FrameError::UnsupportedType { .. } => {
@@ -331,6 +335,18 @@ impl PyFrame {
         self.inner.rows()
     }
 
+    /// Whether the frame was freed (through this handle or another handle of it).
+    #[getter]
+    fn freed(&self) -> bool {
+        self.inner.is_freed()
+    }
+
+    /// How errors name the frame: its seal's nonce, rows, chunks and seal location.
+    #[getter]
+    fn label(&self) -> String {
+        self.inner.label()
+    }
+
     /// Number of stored chunks.
     #[getter]
     fn chunk_count(&self) -> usize {
@@ -519,7 +535,9 @@ impl PyFrame {
         detach(py, move || f.limit(n).map(PyFrame::wrap).map_err(frame_err))
     }
 
-    /// Gives the frame's remote memory back (the frame must not be used afterwards).
+    /// Gives the frame's remote memory back, zeroing its seal first; every later use of
+    /// any handle of it (freeing again included) raises `FreedFrameError`, and its
+    /// metadata no longer opens (`StaleFrameError`).
     fn free(&self, py: Python<'_>) -> PyResult<()> {
         let f = self.inner.clone();
         detach(py, move || f.free().map_err(frame_err))

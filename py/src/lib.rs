@@ -41,6 +41,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("QueryError", py.get_type::<errors::QueryError>())?;
     m.add("UnknownNameError", errors::unknown_name_error(py)?)?;
+    m.add("FreedFrameError", py.get_type::<errors::FreedFrameError>())?;
+    m.add("StaleFrameError", py.get_type::<errors::StaleFrameError>())?;
     m.add_class::<frame::PyFrameEnv>()?;
     m.add_class::<frame::PyFrame>()?;
     m.add_class::<query::PyQuerySession>()?;

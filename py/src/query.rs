@@ -15,10 +15,10 @@ use std::sync::{Mutex, PoisonError};
 use arrow_array::RecordBatchIterator;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
-use scad_remote_frame::{FrameEnv, QueryOutput, QuerySession, RemoteFrame};
+use scad_remote_frame::{Error as FrameError, FrameEnv, QueryOutput, QuerySession, RemoteFrame};
 
 use crate::arrow_ffi::export_stream;
-use crate::errors::detach;
+use crate::errors::{detach, FreedFrameError, StaleFrameError};
 use crate::frame::{frame_err, PyFrame, PyFrameEnv};
 
 /// Sessions [`EnvSession`]s have started in this process.
@@ -144,10 +144,21 @@ impl PyQuerySession {
         })
     }
 
-    /// Makes `frame` queryable as table `name` (replacing a table of that name).
+    /// Makes `frame` queryable as table `name` (replacing a table of that name). A freed
+    /// or stale frame is refused, the error naming the table.
     fn register(&self, py: Python<'_>, name: &str, frame: &PyFrame) -> PyResult<()> {
         let frame = frame.inner.clone();
-        detach(py, || self.inner.register(name, &frame).map_err(frame_err))
+        detach(py, || {
+            self.inner.register(name, &frame).map_err(|e| match e {
+                FrameError::Freed { .. } => {
+                    FreedFrameError::new_err(format!("table '{name}': {e}"))
+                }
+                FrameError::Stale { .. } => {
+                    StaleFrameError::new_err(format!("table '{name}': {e}"))
+                }
+                other => frame_err(other),
+            })
+        })
     }
 
     /// Names of the registered tables, sorted.

@@ -255,9 +255,23 @@ impl FrameEnv {
         Ok(names[k % names.len()].clone())
     }
 
-    /// Makes sure new frames are not allocated over the given frames' chunks: on every
-    /// element they use, the allocator's bump pointer is moved past their highest
-    /// chunk. This is what a later compute element calls when all it got were frame
+    /// The element a frame without chunks keeps its seal on: the first new frames are
+    /// placed on (the round-robin is not advanced).
+    pub(crate) fn first_element(&self) -> Result<String> {
+        let first = match self.inner.elements.first() {
+            Some(name) => Some(name.clone()),
+            None => self.inner.registry.names().into_iter().next(),
+        };
+        first.ok_or_else(|| {
+            Error::InvalidArgument(
+                "the environment has no memory elements to place a frame on".into(),
+            )
+        })
+    }
+
+    /// Makes sure new frames are not allocated over the given frames' chunks and seals:
+    /// on every element they use, the allocator's bump pointer is moved past their
+    /// highest chunk or seal. This is what a later compute element calls when all it got were frame
     /// metadata (no [`scad_remote_array::AllocationState`]); it gives up the free
     /// list below that point, so prefer handing on the allocation state when there is one.
     ///
@@ -268,11 +282,18 @@ impl FrameEnv {
         let state = self.inner.registry.allocation_state();
         let mut next = scad_remote_array::AllocationState::default();
         for a in &state.allocators {
-            let end = metas
+            let chunks = metas
                 .iter()
                 .flat_map(|m| m.chunks.iter())
-                .filter(|c| c.element == a.element())
-                .map(|c| c.addr.saturating_add(c.bytes))
+                .map(|c| (&c.element, c.addr.saturating_add(c.bytes)));
+            let seals = metas
+                .iter()
+                .filter_map(|m| m.seal.as_ref())
+                .map(|s| (&s.element, s.addr.saturating_add(crate::seal::SEAL_BYTES)));
+            let end = chunks
+                .chain(seals)
+                .filter(|(e, _)| *e == a.element())
+                .map(|(_, end)| end)
                 .max();
             let Some(end) = end else { continue };
             if end <= a.high_water() {

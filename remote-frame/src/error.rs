@@ -45,6 +45,24 @@ pub enum Error {
     #[error("invalid frame metadata: {0}")]
     Meta(String),
 
+    /// The frame was freed through this handle or a clone of it; the handle can no
+    /// longer be used (nor freed again).
+    #[error("frame {frame} was freed; its handle can no longer be used")]
+    Freed {
+        /// The frame: its seal's nonce, rows, chunks and seal location.
+        frame: String,
+    },
+
+    /// Memory no longer holds the frame the metadata describes: it was freed (its
+    /// seal zeroed), its memory reused, or the metadata does not match its seal.
+    #[error("stale frame {frame}: {reason}")]
+    Stale {
+        /// The frame, as the metadata names it.
+        frame: String,
+        /// What did not match.
+        reason: String,
+    },
+
     /// A column name is not in the frame.
     #[error("unknown column {name:?}; the frame has: {known}")]
     UnknownColumn {

@@ -1,5 +1,6 @@
 //! [`RemoteFrame`]: a table in memory elements, and [`FrameWriter`], which makes one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchOptions};
@@ -16,14 +17,27 @@ use crate::meta::{
     chunk_column_bytes, BufferRef, ChunkMeta, ColumnChunk, ColumnMeta, FrameMeta, BUFFER_ALIGN,
     LAYOUT_VERSION,
 };
+use crate::seal::{self, SealImage, SEAL_BYTES};
 
 /// A table whose columns live in memory elements, chunk by chunk; see the crate docs.
 ///
-/// Holds only metadata: reading any data goes over the transports. Cheap to clone.
+/// Holds only metadata: reading any data goes over the transports. Cheap to clone;
+/// clones are the same frame: once one frees it, every clone refuses to be used
+/// ([`Error::Freed`]).
 #[derive(Debug, Clone)]
 pub struct RemoteFrame {
     env: FrameEnv,
     meta: Arc<FrameMeta>,
+    state: Arc<FrameState>,
+}
+
+/// What the handles of one frame share.
+#[derive(Debug)]
+struct FrameState {
+    /// What the frame's seal holds while the frame lives.
+    seal: SealImage,
+    /// Set once the frame was freed through any of the handles.
+    freed: AtomicBool,
 }
 
 impl RemoteFrame {
@@ -40,30 +54,51 @@ impl RemoteFrame {
         w.finish()
     }
 
-    /// Opens a frame from its metadata, checking it and that the environment knows every
-    /// memory element it names.
+    /// Opens a frame from its metadata, checking it, that the environment knows every
+    /// memory element it names, and that memory still holds the frame: its seal and
+    /// the head of every chunk (one small vectored read per memory element; see
+    /// [`crate::seal`]).
     ///
     /// # Errors
-    /// [`Error::Meta`] for inconsistent metadata; an unknown-element error.
+    /// [`Error::Meta`] for inconsistent metadata (or metadata of version 1, written
+    /// before frames were sealed); an unknown-element error; [`Error::Stale`] when
+    /// the frame was freed, its memory reused or overwritten, or the metadata changed;
+    /// transport errors.
     pub fn open(env: &FrameEnv, meta: FrameMeta) -> Result<Self> {
         meta.validate()?;
         let known = env.elements().names();
+        let unknown = |what: String, element: &str| {
+            Error::Meta(format!(
+                "{what} lives on memory element {element:?}, which the environment does not have (it has: {})",
+                known.join(", ")
+            ))
+        };
         for (k, c) in meta.chunks.iter().enumerate() {
             if !known.contains(&c.element) {
-                return Err(Error::Meta(format!(
-                    "chunk {k} lives on memory element {:?}, which the environment does not have (it has: {})",
-                    c.element,
-                    known.join(", ")
-                )));
+                return Err(unknown(format!("chunk {k}"), &c.element));
             }
         }
-        Ok(RemoteFrame {
-            env: env.clone(),
-            meta: Arc::new(meta),
-        })
+        if let Some(s) = meta.seal.as_ref().filter(|s| !known.contains(&s.element)) {
+            return Err(unknown("the seal".into(), &s.element));
+        }
+        let image = seal::verify(env, &meta)?;
+        Ok(Self::sealed(env.clone(), meta, image))
     }
 
-    /// Opens a frame from metadata JSON (see [`FrameMeta::to_json`]).
+    /// A handle of a frame whose seal holds `image`.
+    fn sealed(env: FrameEnv, meta: FrameMeta, image: SealImage) -> Self {
+        RemoteFrame {
+            env,
+            meta: Arc::new(meta),
+            state: Arc::new(FrameState {
+                seal: image,
+                freed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Opens a frame from metadata JSON (see [`FrameMeta::to_json`]), checking memory
+    /// as [`RemoteFrame::open`] does.
     ///
     /// # Errors
     /// As [`FrameMeta::from_json`] and [`RemoteFrame::open`].
@@ -71,12 +106,47 @@ impl RemoteFrame {
         Self::open(env, FrameMeta::from_json(json)?)
     }
 
-    /// The same frame seen through another environment (another budget, say).
+    /// The same frame seen through another environment (another budget, say); freeing
+    /// either handle frees both.
     pub fn with_env(&self, env: &FrameEnv) -> Self {
         RemoteFrame {
             env: env.clone(),
             meta: self.meta.clone(),
+            state: self.state.clone(),
         }
+    }
+
+    /// Whether the frame was freed (through this handle or a clone of it).
+    pub fn is_freed(&self) -> bool {
+        self.state.freed.load(Ordering::Acquire)
+    }
+
+    /// How errors name the frame: its seal's nonce (as in its metadata), rows, chunks
+    /// and where its seal lives.
+    pub fn label(&self) -> String {
+        seal::label(&self.meta)
+    }
+
+    /// [`Error::Freed`] if the frame was freed (no I/O).
+    pub(crate) fn check_live(&self) -> Result<()> {
+        if self.is_freed() {
+            return Err(Error::Freed {
+                frame: self.label(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that the frame was not freed and that memory still holds it: one
+    /// 64-byte read of its seal. Reads ([`RemoteFrame::to_polars`],
+    /// [`RemoteFrame::batches`], query scans) do this before they start.
+    ///
+    /// # Errors
+    /// [`Error::Freed`]; [`Error::Stale`] when the seal was zeroed (the frame was
+    /// freed through another handle or process) or overwritten; transport errors.
+    pub fn check_seal(&self) -> Result<()> {
+        self.check_live()?;
+        seal::check(&self.env, &self.meta, &self.state.seal)
     }
 
     /// The metadata.
@@ -87,8 +157,9 @@ impl RemoteFrame {
     /// The metadata as JSON, to hand to the next compute element.
     ///
     /// # Errors
-    /// As [`FrameMeta::to_json`].
+    /// [`Error::Freed`]; as [`FrameMeta::to_json`].
     pub fn to_json(&self) -> Result<String> {
+        self.check_live()?;
         self.meta.to_json()
     }
 
@@ -149,11 +220,13 @@ impl RemoteFrame {
             .collect()
     }
 
-    /// Reads the whole frame.
+    /// Reads the whole frame (after [`RemoteFrame::check_seal`]).
     ///
     /// # Errors
-    /// Transport errors; [`Error::Meta`] when the stored bytes do not form valid arrays.
+    /// [`Error::Freed`], [`Error::Stale`]; transport errors; [`Error::Meta`] when the
+    /// stored bytes do not form valid arrays.
     pub fn to_polars(&self) -> Result<DataFrame> {
+        self.check_seal()?;
         let all: Vec<usize> = (0..self.meta.schema.len()).collect();
         self.polars_chunks(&all, 0..self.meta.chunks.len())
     }
@@ -163,6 +236,7 @@ impl RemoteFrame {
     /// # Errors
     /// As [`RemoteFrame::to_polars`].
     pub fn to_record_batches(&self) -> Result<Vec<RecordBatch>> {
+        self.check_seal()?;
         let all: Vec<usize> = (0..self.meta.schema.len()).collect();
         self.read_chunks(&all, 0..self.meta.chunks.len())
     }
@@ -173,6 +247,7 @@ impl RemoteFrame {
     /// [`Error::UnknownColumn`], and as [`RemoteFrame::to_polars`].
     pub fn select_columns<S: AsRef<str>>(&self, names: &[S]) -> Result<DataFrame> {
         let cols = self.column_indices(names)?;
+        self.check_seal()?;
         self.polars_chunks(&cols, 0..self.meta.chunks.len())
     }
 
@@ -195,7 +270,8 @@ impl RemoteFrame {
     /// The next batch is fetched while the caller works on the current one.
     ///
     /// # Errors
-    /// [`Error::UnknownColumn`]; each batch may fail as [`RemoteFrame::to_polars`].
+    /// [`Error::UnknownColumn`]; as [`RemoteFrame::check_seal`]; each batch may fail as
+    /// [`RemoteFrame::to_polars`].
     pub fn batches<S: AsRef<str>>(
         &self,
         columns: Option<&[S]>,
@@ -205,20 +281,55 @@ impl RemoteFrame {
             Some(names) => self.column_indices(names)?,
             None => (0..self.meta.schema.len()).collect(),
         };
+        self.check_seal()?;
         Ok(Batches::new(self.clone(), cols, batch_bytes))
     }
 
-    /// Gives the frame's remote memory back to the memory elements' allocators.
+    /// Gives the frame's remote memory back to the memory elements' allocators: checks
+    /// the seal, zeroes it (so the metadata no longer opens anywhere), then frees the
+    /// chunks and the seal. Every handle of the frame refuses later use.
     ///
     /// # Errors
-    /// Allocator errors (a range freed twice).
+    /// [`Error::Freed`] when the frame was already freed through this handle or a
+    /// clone; [`Error::Stale`] when memory no longer holds the frame (freed through
+    /// another handle); transport errors zeroing the seal (then nothing is freed);
+    /// allocator errors (the first one; the other ranges are still freed).
     pub fn free(self) -> Result<()> {
-        for c in &self.meta.chunks {
-            if c.bytes > 0 {
-                self.env.elements().free(&c.element, c.addr, c.bytes)?;
+        if self.state.freed.swap(true, Ordering::AcqRel) {
+            return Err(Error::Freed {
+                frame: self.label(),
+            });
+        }
+        let cleared = seal::check(&self.env, &self.meta, &self.state.seal).and_then(|()| {
+            self.meta
+                .seal
+                .as_ref()
+                .map_or(Ok(()), |s| seal::clear(&self.env, s))
+        });
+        if let Err(e) = cleared {
+            self.state.freed.store(false, Ordering::Release);
+            return Err(e);
+        }
+        let elements = self.env.elements();
+        let ranges = self
+            .meta
+            .chunks
+            .iter()
+            .filter(|c| c.bytes > 0)
+            .map(|c| (&c.element, c.addr, c.bytes))
+            .chain(
+                self.meta
+                    .seal
+                    .iter()
+                    .map(|s| (&s.element, s.addr, SEAL_BYTES)),
+            );
+        let mut first = None;
+        for (element, addr, bytes) in ranges {
+            if let Err(e) = elements.free(element, addr, bytes) {
+                first.get_or_insert(Error::from(e));
             }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     /// The arrow-rs schema of columns `cols` (schema indices), every field nullable.
@@ -243,6 +354,7 @@ impl RemoteFrame {
         cols: &[usize],
         range: std::ops::Range<usize>,
     ) -> Result<Vec<RecordBatch>> {
+        self.check_live()?;
         let chunks = &self.meta.chunks[range];
         let schema = &self.meta.schema;
         let batch_schema = self.arrow_schema_of(cols)?;
@@ -425,6 +537,8 @@ pub struct FrameWriter {
     /// held.
     pending: Option<(Vec<RecordBatch>, usize, u64, crate::env::Held)>,
     coalesce: bool,
+    /// Fingerprints of the written chunks' heads (see [`crate::seal`]).
+    heads: Vec<u64>,
 }
 
 impl FrameWriter {
@@ -437,6 +551,7 @@ impl FrameWriter {
             rows: 0,
             pending: None,
             coalesce: false,
+            heads: Vec::new(),
         }
     }
 
@@ -620,6 +735,7 @@ impl FrameWriter {
         self.env
             .add_out(pieces.iter().map(|(_, b)| b.len() as u64).sum());
         self.rows += batch.num_rows() as u64;
+        self.heads.push(seal::head_of(pieces.iter().copied()));
         self.chunks.push(ChunkMeta {
             rows: batch.num_rows() as u64,
             element,
@@ -630,10 +746,14 @@ impl FrameWriter {
         Ok(())
     }
 
-    /// The frame written.
+    /// The frame written, sealed: its seal is allocated on the element of its first
+    /// chunk (for a frame without chunks, the first element the env places frames on).
+    /// A writer dropped without finishing, or whose `finish` fails, frees every
+    /// chunk it wrote.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if nothing was pushed and no schema was given.
+    /// [`Error::InvalidArgument`] if nothing was pushed and no schema was given;
+    /// allocation and transport errors writing the last rows or the seal.
     pub fn finish(mut self) -> Result<RemoteFrame> {
         if let Some((p, _, _, _held)) = self.pending.take() {
             if let Some(first) = p.first() {
@@ -641,19 +761,39 @@ impl FrameWriter {
                 self.write_rows(&whole)?;
             }
         }
-        let schema = self.schema.ok_or_else(|| {
+        let schema = self.schema.take().ok_or_else(|| {
             Error::InvalidArgument("a frame writer finished without a schema or any data".into())
         })?;
-        let meta = FrameMeta {
+        let element = match self.chunks.first() {
+            Some(c) => c.element.clone(),
+            None => self.env.first_element()?,
+        };
+        let mut meta = FrameMeta {
             version: LAYOUT_VERSION,
             schema,
             rows: self.rows,
-            chunks: self.chunks,
+            chunks: std::mem::take(&mut self.chunks),
+            seal: None,
         };
-        Ok(RemoteFrame {
-            env: self.env,
-            meta: Arc::new(meta),
-        })
+        let heads = std::mem::take(&mut self.heads);
+        match seal::write(&self.env, &mut meta, element, heads) {
+            Ok(image) => Ok(RemoteFrame::sealed(self.env.clone(), meta, image)),
+            Err(e) => {
+                self.chunks = meta.chunks; // freed on drop
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for FrameWriter {
+    /// Frees the chunks of a frame that was not finished.
+    fn drop(&mut self) {
+        for c in self.chunks.drain(..).filter(|c| c.bytes > 0) {
+            if let Err(e) = self.env.elements().free(&c.element, c.addr, c.bytes) {
+                tracing::warn!(%e, element = %c.element, addr = c.addr, "freeing a chunk of an unfinished frame");
+            }
+        }
     }
 }
 

@@ -39,6 +39,14 @@
 //! moves over the transports directly (it is written once and streamed), not through
 //! a page cache: a [`FrameEnv`] needs memory elements, no buffer pool.
 //!
+//! ## Seals
+//! Every frame also holds a 64-byte [`seal`] in its own allocation (nonce, rows, a
+//! hash of the metadata), and its metadata a fingerprint of each chunk's head.
+//! Opening metadata checks both; each read and each query scan reads the seal again;
+//! freeing zeroes it. So metadata of a frame that was freed, or whose memory was
+//! reused, is refused ([`Error::Stale`]) instead of read, and a freed handle (or a
+//! clone of it) refuses every later use ([`Error::Freed`]).
+//!
 //! ## The budget
 //! [`FrameEnv::with_budget`] sets how many bytes of local memory kernels may hold (a
 //! [`Budget`]: a positive number of bytes, or unlimited as [`FrameEnv::new`] starts):
@@ -92,6 +100,7 @@ mod interop;
 pub mod kernels;
 pub mod meta;
 pub mod query;
+pub mod seal;
 
 pub use budget::Budget;
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
@@ -101,6 +110,7 @@ pub use kernels::JoinType;
 pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};
 pub use polars::prelude::{col, lit, DataFrame, Expr, SortMultipleOptions};
 pub use query::{QueryOutput, QuerySession, QueryStats, Stage, StageOutput, StagePlan};
+pub use seal::{Seal, SEAL_BYTES};
 
 impl RemoteFrame {
     /// Writes arrow-rs record batches (all of one schema) as a new frame, each batch

@@ -5,10 +5,13 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::seal::Seal;
 
-/// Version of the layout described here; a frame written by another layout version is
-/// refused rather than misread.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version of the metadata and layout described here; a frame written by another
+/// version is refused rather than misread. Version 2 frames carry a [`Seal`] (the chunk
+/// layout is version 1's); version 1 metadata, written before frames were sealed, is
+/// refused, as its memory cannot be checked.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Alignment of every buffer inside a chunk's remote allocation (and of the local
 /// buffers it is read into), so copies run at full speed.
@@ -196,6 +199,11 @@ pub struct FrameMeta {
     pub rows: u64,
     /// Row chunks in row order.
     pub chunks: Vec<ChunkMeta>,
+    /// Where the frame's seal lives and what memory must hold (see [`crate::seal`]);
+    /// required since version 2, optional here so that older metadata parses and is
+    /// refused by its version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<Seal>,
 }
 
 impl FrameMeta {
@@ -250,18 +258,41 @@ impl FrameMeta {
         self.column_bytes(&all)
     }
 
-    /// Checks the metadata for consistency: version, unique column names, row counts,
+    /// Checks the metadata for consistency: version, a seal, unique column names, row counts,
     /// buffer counts and sizes per type, buffers inside their chunk's allocation.
     ///
     /// # Errors
     /// [`Error::Meta`] naming the first inconsistency found.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Meta(m));
+        if self.version == 1 {
+            return bad(format!(
+                "metadata version 1 (written before frames were sealed, so its memory cannot be checked); this build opens version {LAYOUT_VERSION}: write the frame again"
+            ));
+        }
         if self.version != LAYOUT_VERSION {
             return bad(format!(
                 "layout version {} (this build reads version {LAYOUT_VERSION})",
                 self.version
             ));
+        }
+        match &self.seal {
+            None => {
+                return bad(format!(
+                    "version {LAYOUT_VERSION} metadata without its seal"
+                ))
+            }
+            Some(s) if s.chunk_heads.len() != self.chunks.len() => {
+                return bad(format!(
+                    "the seal lists {} chunk heads, the frame has {} chunks",
+                    s.chunk_heads.len(),
+                    self.chunks.len()
+                ))
+            }
+            Some(s) if s.addr.checked_add(crate::seal::SEAL_BYTES).is_none() => {
+                return bad("seal: address range overflows".into())
+            }
+            Some(_) => {}
         }
         for (i, c) in self.schema.iter().enumerate() {
             if self.schema[..i].iter().any(|d| d.name == c.name) {

@@ -6,8 +6,8 @@
 //! A run directory holds what crosses process boundaries:
 //! * `tables.json`: the base tables ([`TableHandoffs`]), written once by
 //!   [`load_run_dir`];
-//! * `<query>/stage-<k>.json`: stage `k`'s output, one sealed [`Handoff`] per output
-//!   partition, written by [`run_stage_here`].
+//! * `<query>/stage-<k>.json`: stage `k`'s output, one [`Handoff`] (a sealed frame's
+//!   metadata) per output partition, written by [`run_stage_here`].
 //!
 //! A stage process moves its allocators past every frame handed on in the directory
 //! before it writes, so it overwrites none; [`run_query_in_processes`] runs a query's
@@ -219,7 +219,7 @@ pub fn run_stage_here(
     for &i in &this.inputs {
         let frames = read_stage(dir, query, i)?
             .iter()
-            .map(|h| h.open(cluster, &env, &format!("{query} stage {stage}: input {i}")))
+            .map(|h| h.open(&env, &format!("{query} stage {stage}: input {i}")))
             .collect::<Result<Vec<RemoteFrame>, _>>()?;
         inputs.insert(i, frames);
     }
@@ -228,11 +228,10 @@ pub fn run_stage_here(
         .map_err(frame_err(format!("{query} stage {stage}")))?;
     let mut handoffs = Vec::with_capacity(out.frames.len());
     for (p, frame) in out.frames.iter().enumerate() {
-        handoffs.push(Handoff::seal(
-            cluster,
+        handoffs.push(Handoff::new(
             &format!("{query}/stage-{stage}/part-{p}"),
             frame,
-        )?);
+        ));
     }
     let json = serde_json::to_string(&handoffs).map_err(|source| RemoteError::BadJson {
         context: format!("serializing {query} stage {stage}'s output"),
@@ -269,7 +268,7 @@ pub fn read_answer(
     let mut answer: Option<DataFrame> = None;
     for h in read_stage(dir, query, root)? {
         let part = h
-            .open(cluster, cluster.env(), &format!("{query} answer"))?
+            .open(cluster.env(), &format!("{query} answer"))?
             .to_polars()
             .map_err(|source| RemoteError::Frame {
                 context: format!("reading {query}'s answer"),

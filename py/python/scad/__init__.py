@@ -15,14 +15,14 @@
   (to Polars/PyArrow without copying, or back to a RemoteFrame) (:mod:`scad.query`).
 """
 
-from ._native import (BudgetExceededError, MemoryServer, QueryError, ScadError, TerminatedError,
-                      UnknownNameError, parse_size)
+from ._native import (BudgetExceededError, FreedFrameError, MemoryServer, QueryError, ScadError,
+                      StaleFrameError, TerminatedError, UnknownNameError, parse_size)
 from .array import RemoteArray, Store
 from .frame import FrameEnv, RemoteFrame, col, lit, when
 from .query import QueryResult, QuerySession, explain, sql
 from .stages import write_stage_dag
 
 __all__ = ["RemoteArray", "Store", "MemoryServer", "ScadError", "TerminatedError", "BudgetExceededError",
-           "QueryError", "UnknownNameError", "parse_size", "FrameEnv", "RemoteFrame", "col", "lit", "when",
+           "QueryError", "UnknownNameError", "FreedFrameError", "StaleFrameError", "parse_size", "FrameEnv", "RemoteFrame", "col", "lit", "when",
            "QuerySession", "QueryResult", "sql", "explain", "write_stage_dag"]
 __version__ = "0.1.0"

@@ -410,7 +410,10 @@ class RemoteFrame:
 
     @classmethod
     def from_meta(cls, env: FrameEnv, meta: str) -> "RemoteFrame":
-        """Opens a frame from :attr:`meta` (JSON text; nothing is read)."""
+        """Opens a frame from :attr:`meta` (JSON text), after checking that memory still
+        holds it (its seal and chunk heads: a few bytes are read); raises
+        :class:`scad.StaleFrameError` for a frame that was freed or whose memory was
+        reused."""
         if not isinstance(meta, str):
             meta = json.dumps(meta)
         return cls(env, _native.Frame.open(env._env, meta))
@@ -469,9 +472,15 @@ class RemoteFrame:
     def chunk_count(self) -> int:
         return self._raw.chunk_count
 
+    @property
+    def freed(self) -> bool:
+        """Whether the frame was freed (through this handle or another of the same frame)."""
+        return self._raw.freed
+
     def __repr__(self) -> str:
         cols = ", ".join(f"{k}: {v}" for k, v in self.schema.items())
-        return f"RemoteFrame({self.height} rows; {cols})"
+        state = ", freed" if self.freed else ""
+        return f"RemoteFrame({self.height} rows; {cols}{state})"
 
     # -- kernels ------------------------------------------------------------------
     def _new(self, raw: "_native.Frame") -> "RemoteFrame":
@@ -537,7 +546,9 @@ class RemoteFrame:
     head = limit
 
     def free(self) -> None:
-        """Gives the frame's remote memory back; do not use the frame afterwards."""
+        """Gives the frame's remote memory back. Every later use of the frame (reading,
+        kernels, queries, :attr:`meta`, freeing again) raises
+        :class:`scad.FreedFrameError` naming it, and its metadata no longer opens."""
         self._raw.free()
 
 

@@ -16,6 +16,7 @@ impl RemoteFrame {
     /// As [`RemoteFrame::group_by`].
     pub fn distinct<S: AsRef<str>>(&self, subset: Option<&[S]>) -> Result<RemoteFrame> {
         let _t = self.env().timer();
+        self.check_seal()?;
         let all = self.column_names();
         let keys = subset.map(names).unwrap_or_else(|| all.clone());
         self.column_indices(&keys)?;
@@ -31,14 +32,15 @@ impl RemoteFrame {
     /// group lives in exactly one partition, so any aggregation is exact).
     ///
     /// # Errors
-    /// [`Error::UnknownColumn`]; [`Error::Skew`] when one group alone exceeds the
-    /// budget; Polars, transport and allocation errors.
+    /// As [`RemoteFrame::check_seal`]; [`Error::UnknownColumn`]; [`Error::Skew`] when
+    /// one group alone exceeds the budget; Polars, transport and allocation errors.
     pub fn group_by<S: AsRef<str>, E: AsRef<[Expr]>>(
         &self,
         keys: &[S],
         aggs: E,
     ) -> Result<RemoteFrame> {
         let _t = self.env().timer();
+        self.check_seal()?;
         let keys = names(keys);
         if keys.is_empty() {
             return Err(Error::InvalidArgument(

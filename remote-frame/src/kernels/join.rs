@@ -26,7 +26,8 @@ impl RemoteFrame {
     /// # Errors
     /// [`Error::UnknownColumn`]; [`Error::TypeMismatch`] for keys of different types;
     /// [`Error::InvalidArgument`] for key lists of different lengths or empty;
-    /// [`Error::Skew`], [`Error::OutOfBudget`]; Polars, transport, allocation errors.
+    /// [`Error::Skew`], [`Error::OutOfBudget`]; as [`RemoteFrame::check_seal`] for
+    /// either frame; Polars, transport, allocation errors.
     pub fn join<L, R, S1, S2>(
         &self,
         other: &RemoteFrame,
@@ -41,6 +42,8 @@ impl RemoteFrame {
         S2: AsRef<str>,
     {
         let _t = self.env().timer();
+        self.check_seal()?;
+        other.check_seal()?;
         let lk = names(left_on);
         let rk = names(right_on);
         if lk.is_empty() || lk.len() != rk.len() {

@@ -355,16 +355,20 @@ impl QuerySession {
         &self.env
     }
 
-    /// Makes `frame` queryable as table `name` (replacing a table of that name).
+    /// Makes `frame` queryable as table `name` (replacing a table of that name),
+    /// after checking its seal (every scan of it checks the seal again).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty name; [`Error::Query`].
+    /// [`Error::InvalidArgument`] for an empty name; [`Error::Freed`] and
+    /// [`Error::Stale`] for a frame that was freed or whose memory no longer holds it;
+    /// [`Error::Query`].
     pub fn register(&self, name: &str, frame: &RemoteFrame) -> Result<()> {
         if name.trim().is_empty() {
             return Err(Error::InvalidArgument(
                 "a table name must not be empty".into(),
             ));
         }
+        frame.check_seal()?;
         self.ctx
             .register_table(name, Arc::new(RemoteTable::new(frame.clone())?))
             .map_err(query_error)?;

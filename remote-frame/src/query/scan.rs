@@ -80,6 +80,9 @@ impl TableProvider for RemoteTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.frame
+            .check_live()
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let columns: Vec<usize> = match projection {
             Some(p) => p.clone(),
             None => (0..self.schema.fields().len()).collect(),
@@ -266,6 +269,9 @@ impl ExecutionPlan for RemoteScanExec {
                 self.ranges.len()
             ))
         })?;
+        self.frame
+            .check_live()
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(chunk_stream(
             ChunkReader {
                 frame: self.frame.clone(),
@@ -284,8 +290,9 @@ impl ExecutionPlan for RemoteScanExec {
 }
 
 /// One partition's stream: `chunks` read one at a time off the runtime's threads
-/// (but those `pruning` rules out when their turn comes), sliced into batches, cut
-/// at `limit` rows; rows, `bytes_read` and `chunks_pruned` recorded in `metrics`.
+/// (but those `pruning` rules out when their turn comes), the frame's seal checked
+/// before the first, sliced into batches, cut at `limit` rows; rows, `bytes_read` and
+/// `chunks_pruned` recorded in `metrics`.
 pub(crate) fn chunk_stream(
     reader: ChunkReader,
     chunks: Vec<usize>,
@@ -304,6 +311,7 @@ pub(crate) fn chunk_stream(
         pending: VecDeque::new(),
         left: limit,
         failed: false,
+        sealed: false,
         bytes_read,
         pruning,
         chunks_pruned,
@@ -392,6 +400,8 @@ struct ScanState {
     /// Rows still wanted under a pushed-down limit.
     left: Option<usize>,
     failed: bool,
+    /// Whether the frame's seal was checked (before the first chunk is read).
+    sealed: bool,
     bytes_read: Count,
     pruning: Option<ChunkPruning>,
     chunks_pruned: Count,
@@ -473,7 +483,17 @@ impl ScanState {
             }
             let reader = self.reader.clone();
             let bytes = chunk_column_bytes(&reader.frame.meta().chunks[chunk], &reader.columns);
-            match tokio::task::spawn_blocking(move || reader.read(chunk)).await {
+            let check = !std::mem::replace(&mut self.sealed, true);
+            let read = move || {
+                if check {
+                    reader
+                        .frame
+                        .check_seal()
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                }
+                reader.read(chunk)
+            };
+            match tokio::task::spawn_blocking(read).await {
                 Ok(Ok(batches)) => {
                     self.bytes_read.add(bytes as usize);
                     self.pending.extend(batches);

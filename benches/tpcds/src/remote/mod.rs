@@ -3,8 +3,8 @@
 //! A [`Cluster`] is a set of memory elements (embedded memory servers, running
 //! `memory_server` processes, shared memory, local memory or Redis) as one store.
 //! Base tables are loaded into it once ([`load_tables`]), apart from query time, and
-//! handed on as sealed [`Handoff`]s: frame metadata plus a seal that proves the memory
-//! still holds the frame, so a process that opens a handoff (a query stage, see
+//! handed on as [`Handoff`]s: frame metadata, whose seal proves that the memory still
+//! holds the frame, so a process that opens a handoff (a query stage, see
 //! [`crate::stages`]) detects memory that was freed or overwritten.
 //!
 //! ```no_run
@@ -29,6 +29,6 @@ mod tables;
 pub use baseline::{duckdb_timings, DuckDbTiming};
 pub use cluster::{Cluster, TransportKind};
 pub use error::RemoteError;
-pub use handoff::{Handoff, Seal, HANDOFF_VERSION, SEAL_BYTES};
+pub use handoff::{Handoff, HANDOFF_VERSION};
 pub use scad_core::redis_server::RedisServer;
 pub use tables::{load_tables, TableHandoffs};

@@ -1,4 +1,4 @@
-//! Base tables loaded into memory elements, each handed on as a sealed [`Handoff`].
+//! Base tables loaded into memory elements, each handed on as a [`Handoff`].
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -45,7 +45,7 @@ impl TableHandoffs {
         self.tables
             .iter()
             .map(|(name, h)| {
-                let frame = h.open(cluster, cluster.env(), &format!("table {name}"))?;
+                let frame = h.open(cluster.env(), &format!("table {name}"))?;
                 Ok((name.clone(), frame))
             })
             .collect()
@@ -81,7 +81,7 @@ pub fn load_tables(
         let frame = RemoteFrame::from_polars(cluster.env(), &df)
             .frame_ctx(|| format!("writing table {table} to memory elements"))?;
         drop(df);
-        let handoff = Handoff::seal(cluster, &format!("table/{table}"), &frame)?;
+        let handoff = Handoff::new(&format!("table/{table}"), &frame);
         out.insert(table, handoff);
     }
     Ok(TableHandoffs {
