@@ -40,12 +40,12 @@ impl EnvSession {
         env: &FrameEnv,
         tables: &[(String, RemoteFrame)],
         f: impl FnOnce(&QuerySession) -> scad_remote_frame::Result<T>,
-    ) -> scad_remote_frame::Result<T> {
+    ) -> PyResult<T> {
         let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let session = match slot.take() {
             Some(s) => s,
             None => {
-                let s = QuerySession::new(env)?;
+                let s = QuerySession::new(env).map_err(frame_err)?;
                 ENV_SESSIONS_STARTED.fetch_add(1, Ordering::Relaxed);
                 s
             }
@@ -53,15 +53,29 @@ impl EnvSession {
         let session = slot.insert(session);
         // A call that failed half-way (a panic caught at the boundary) may have left
         // its tables behind.
-        deregister_all(session)?;
+        deregister_all(session).map_err(frame_err)?;
         let result = tables
             .iter()
-            .try_for_each(|(name, frame)| session.register(name, frame))
-            .and_then(|()| f(session));
-        let cleared = deregister_all(session);
+            .try_for_each(|(name, frame)| {
+                session
+                    .register(name, frame)
+                    .map_err(|e| registration_err(name, e))
+            })
+            .and_then(|()| f(session).map_err(frame_err));
+        let cleared = deregister_all(session).map_err(frame_err);
         let out = result?;
         cleared?;
         Ok(out)
+    }
+}
+
+/// A table that could not be registered: a freed or stale frame's error names the
+/// table it was given as.
+fn registration_err(name: &str, e: FrameError) -> PyErr {
+    match e {
+        FrameError::Freed { .. } => FreedFrameError::new_err(format!("table '{name}': {e}")),
+        FrameError::Stale { .. } => StaleFrameError::new_err(format!("table '{name}': {e}")),
+        other => frame_err(other),
     }
 }
 
@@ -96,7 +110,6 @@ pub fn sql_in_env(
                 output,
                 env: env.inner.clone(),
             })
-            .map_err(frame_err)
     })
 }
 
@@ -112,7 +125,6 @@ pub fn explain_in_env(
     detach(py, || {
         env.sql_session
             .with(&env.inner, &tables, |s| s.explain(query))
-            .map_err(frame_err)
     })
 }
 
@@ -149,15 +161,9 @@ impl PyQuerySession {
     fn register(&self, py: Python<'_>, name: &str, frame: &PyFrame) -> PyResult<()> {
         let frame = frame.inner.clone();
         detach(py, || {
-            self.inner.register(name, &frame).map_err(|e| match e {
-                FrameError::Freed { .. } => {
-                    FreedFrameError::new_err(format!("table '{name}': {e}"))
-                }
-                FrameError::Stale { .. } => {
-                    StaleFrameError::new_err(format!("table '{name}': {e}"))
-                }
-                other => frame_err(other),
-            })
+            self.inner
+                .register(name, &frame)
+                .map_err(|e| registration_err(name, e))
         })
     }
 

@@ -16,10 +16,12 @@
 //!   [`RemoteFrame::distinct`], [`RemoteFrame::sort`], [`RemoteFrame::sort_limit`],
 //!   [`RemoteFrame::limit`], and [`RemoteFrame::map_batches`] for any row-wise
 //!   Polars query.
-//! - Interop: Polars `DataFrame` ([`RemoteFrame::from_polars`],
-//!   [`RemoteFrame::to_polars`]) and arrow-rs `RecordBatch`
-//!   ([`RemoteFrame::from_record_batches`], [`RemoteFrame::to_record_batches`]) through
-//!   the Arrow C data interface.
+//! - Arrow-native: frames are written from arrow-rs `RecordBatch`es
+//!   ([`RemoteFrame::from_record_batches`], [`FrameWriter::push_batch`]) and read
+//!   straight into arrow-rs arrays ([`RemoteFrame::to_record_batches`], the query
+//!   engine's scan). Polars `DataFrame`s ([`RemoteFrame::from_polars`],
+//!   [`RemoteFrame::to_polars`]) convert at the edge through the Arrow C data
+//!   interface, sharing buffers.
 //!
 //! Expressions are Polars' own ([`col`], [`lit`], [`Expr`]); each batch or partition
 //! is processed by Polars in memory, so per-partition speed is Polars' speed.
@@ -31,7 +33,7 @@
 //! buffers, each at a 64-byte aligned offset: the validity bitmap (only if the chunk
 //! has nulls), then the values (fixed width: `n` values; booleans: a bitmap;
 //! decimals: `i128`; dates: `i32` days), or for strings the `n` 16-byte string views
-//! followed by the data buffers they point into (Polars' own string layout, so
+//! followed by the data buffers they point into (Arrow's string-view layout, so
 //! nothing is re-encoded on either side). Reading a projection issues one vectored
 //! read per memory element for all buffers of the chunks asked for, straight into
 //! typed vectors that become the arrays without another copy; arrays are built

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_same, dim, env, fact, Backend};
+use common::{assert_same, available, dim, env, fact, Backend};
 use polars::prelude::*;
 use scad_remote_frame::{Budget, Error, FrameEnv, QuerySession, RemoteFrame};
 
@@ -657,15 +657,6 @@ fn run_by_stages(
         }
     }
     (answer.unwrap(), plan, peak)
-}
-
-fn available(env: &FrameEnv) -> u64 {
-    env.elements()
-        .allocation_state()
-        .allocators
-        .iter()
-        .map(|a| a.available())
-        .sum()
 }
 
 #[test]

@@ -11,23 +11,13 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{env, Backend};
+use common::{available, env, Backend};
 use polars::prelude::*;
 use scad_core::transport::{LocalTransport, TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
 use scad_remote_frame::{
     Budget, Error, FrameEnv, FrameMeta, FrameWriter, JoinType, QuerySession, RemoteFrame,
 };
-
-/// Free bytes over all elements.
-fn available(env: &FrameEnv) -> u64 {
-    env.elements()
-        .allocation_state()
-        .allocators
-        .iter()
-        .map(|a| a.available())
-        .sum()
-}
 
 /// `a` = 1..=n: sums to n(n+1)/2.
 fn table(n: i64) -> DataFrame {

@@ -192,3 +192,13 @@ pub fn assert_same(got: &DataFrame, want: &DataFrame, what: &str) {
         }
     }
 }
+
+/// Free bytes over all of `env`'s memory elements.
+pub fn available(env: &FrameEnv) -> u64 {
+    env.elements()
+        .allocation_state()
+        .allocators
+        .iter()
+        .map(|a| a.available())
+        .sum()
+}
