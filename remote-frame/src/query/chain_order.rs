@@ -1,7 +1,7 @@
 //! The order of a chain of inner joins, by estimated selectivity.
 //!
 //! DataFusion joins the relations of a FROM list in the order the SQL lists them, so
-//! TPC-DS q04 (`FROM customer, store_sales, date_dim WHERE ...`) joins every sale to
+//! `FROM customer, store_sales, date_dim WHERE ...` joins every sale to
 //! its customer before the date filter keeps a fifth of them. [`ChainOrder`], a
 //! logical optimizer rule that runs after DataFusion's own (filters are in the scans
 //! by then), takes each tree of inner equi-joins (through the column-only
@@ -11,7 +11,7 @@
 //! most (fewest estimated rows among equals), so the filtered dimensions cut the
 //! probe side down before the unfiltered ones are joined. A projection on top keeps
 //! the tree's output columns. The joins' other conditions (join filters, such as
-//! q72's `inv_quantity_on_hand < cs_quantity`) go with the rebuilt join where all
+//! `inv_quantity_on_hand < cs_quantity`) go with the rebuilt join where all
 //! the columns they read are first present, so they do not fence the relations on
 //! either side in. Trees with outer, semi or anti joins, null-equal keys, or
 //! relations no predicate connects are left as they are. Which
@@ -177,8 +177,8 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         edges.push(((a, l.clone()), (b, r.clone())));
     }
     // Which predicates equate integers on both sides: surrogate keys, which the
-    // estimates take for foreign keys. An equality of other values (q24's
-    // `s_zip = ca_zip`) can match many rows on both sides.
+    // estimates take for foreign keys. An equality of other values (zip codes,
+    // say) can match many rows on both sides.
     let integer: Vec<bool> = edges
         .iter()
         .map(|((a, ea), (b, eb))| {
@@ -219,8 +219,8 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         .collect();
     // Start from the relation with the most rows before its filters (the fact
     // table of a star), unless starting elsewhere makes the intermediate results
-    // much smaller: with two large relations (q72: catalog_sales and inventory),
-    // the other one filtered by its dimensions first.
+    // much smaller: with two large relations (sales and inventory), the other one
+    // filtered by its dimensions first.
     let Some(largest) = (0..n).max_by(|&a, &b| {
         estimates[a]
             .1

@@ -36,8 +36,7 @@ pub(crate) const JOIN_FANOUT: usize = 64;
 
 /// Partitions a spilling aggregate splits its input into. It spills all of them,
 /// and every partition costs a pass of the wrapped aggregate and cuts each input
-/// batch into smaller pieces: 64 made the operator benchmark's group-by 3-5x slower
-/// than 16.
+/// batch into smaller pieces: 64 made a spilling group-by 3-5x slower than 16.
 pub(crate) const AGGREGATE_FANOUT: usize = 16;
 
 /// Levels of re-partitioning before a partition is handed to the wrapped operator as

@@ -91,8 +91,8 @@ fn wrappable(join: &HashJoinExec) -> bool {
         PartitionMode::Partitioned => true,
         // One output partition only: DataFusion's own join collects the build side
         // once for all its output partitions, ours would read (and hold) it once per
-        // partition. (Turning such joins into partitioned ones made q21 hang at SF 1
-        // with two partitions; left for the join-order work.)
+        // partition. (Making such joins partitioned is left undone: with two
+        // partitions it made a query hang, cause not found.)
         PartitionMode::CollectLeft => {
             join.left().properties().partitioning.partition_count() == 1
                 && join.properties().partitioning.partition_count() == 1

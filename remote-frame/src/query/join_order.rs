@@ -5,9 +5,8 @@
 //! worst way for star schemas: without distinct counts it takes a column's distinct
 //! count to be the row count, so a fact ⋈ dimension join is estimated at
 //! min(fact, dimension) rows, the size of the *dimension*. Each later join of a
-//! chain then keeps the fact side as its build side (TPC-DS q99 built a hash table of
-//! 1.4 M catalog_sales rows, probed by a few hundred dimension rows; q21 one of 11.7 M
-//! inventory rows). [`JoinOrder`] runs right after `JoinSelection` and, before
+//! chain then keeps the fact side as its build side (a hash table of millions of
+//! fact rows, probed by a few hundred dimension rows). [`JoinOrder`] runs right after `JoinSelection` and, before
 //! repartitioning is planned, swaps a hash join's inputs when its build side is
 //! estimated [`SWAP_RATIO`] times larger than its probe side.
 //!

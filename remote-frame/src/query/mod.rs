@@ -588,9 +588,9 @@ const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 /// Budget per partition: a query runs as at most budget / 256 MiB partitions (one
 /// below 512 MiB). Every partition multiplies the operators that hold memory at once
-/// (each sort, aggregate and join build side) within one budget, and, measured at
-/// TPC-DS SF 1 with a 194 MiB budget split two ways, spilling partitions did worse
-/// than one: joins DataFusion collects on one side fail when split, and q21 hung.
+/// (each sort, aggregate and join build side) within one budget, and with a budget of
+/// a few hundred MiB split two ways spilling partitions did worse than one: joins
+/// DataFusion collects on one side fail when split, and a query hung.
 const PARTITION_BUDGET: u64 = 256 << 20;
 
 fn partitions(budget: Budget, threads: usize) -> usize {

@@ -27,8 +27,8 @@ const MIN_BLOCK_BYTES: usize = 16 << 10;
 /// hash join writes up to 64 files at once (a side's spilled partitions; the build
 /// side's are finished before the probe side's open), whose blocks together stay
 /// within a quarter of the budget. Smaller blocks cost a remote write and read each
-/// (at 16 KiB the operator benchmark's group-by at 25 % took 1.5x as long as at
-/// 64 KiB).
+/// (a group-by spilling most of its input took 1.5x as long with 16 KiB blocks as
+/// with 64 KiB).
 fn block_bytes(budget: Budget) -> usize {
     let Some(limit) = budget.limit() else {
         return BLOCK_BYTES;
