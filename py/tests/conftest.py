@@ -18,6 +18,14 @@ def server():
 
 
 @pytest.fixture
+def store(server):
+    """A store (pool of 4 MiB) over the one memory server, named mem0."""
+    import scad
+
+    return scad.Store({"mem0": server.url}, pool_bytes=4 << 20)
+
+
+@pytest.fixture
 def servers():
     ss = [_native.MemoryServer(32 << 20) for _ in range(2)]
     yield ss

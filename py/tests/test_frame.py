@@ -17,11 +17,6 @@ from scad.frame import col, lit, when  # noqa: E402
 
 
 @pytest.fixture
-def store(server):
-    return scad.Store({"mem0": server.url}, pool_bytes=4 << 20)
-
-
-@pytest.fixture
 def env(store):
     return scad.FrameEnv(store, chunk_rows=500)
 

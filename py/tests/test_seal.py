@@ -13,11 +13,6 @@ import scad  # noqa: E402
 
 
 @pytest.fixture
-def store(server):
-    return scad.Store({"mem0": server.url}, pool_bytes=4 << 20)
-
-
-@pytest.fixture
 def env(store):
     return scad.FrameEnv(store)
 
