@@ -94,6 +94,17 @@ fn call_tables(tables: BTreeMap<String, PyRef<'_, PyFrame>>) -> Vec<(String, Rem
         .collect()
 }
 
+/// Runs `f` in `env`'s session with `tables` (name -> frame) registered, without the GIL.
+fn in_env_session<T: Send>(
+    py: Python<'_>,
+    env: &PyFrameEnv,
+    tables: BTreeMap<String, PyRef<'_, PyFrame>>,
+    f: impl FnOnce(&QuerySession) -> scad_remote_frame::Result<T> + Send,
+) -> PyResult<T> {
+    let tables = call_tables(tables);
+    detach(py, || env.sql_session.with(&env.inner, &tables, f))
+}
+
 /// Runs `query` over `tables` (name -> frame) in `env`'s session (`scad.sql`).
 #[pyfunction]
 pub fn sql_in_env(
@@ -102,14 +113,10 @@ pub fn sql_in_env(
     query: &str,
     tables: BTreeMap<String, PyRef<'_, PyFrame>>,
 ) -> PyResult<PyQueryResult> {
-    let tables = call_tables(tables);
-    detach(py, || {
-        env.sql_session
-            .with(&env.inner, &tables, |s| s.sql(query))
-            .map(|output| PyQueryResult {
-                output,
-                env: env.inner.clone(),
-            })
+    let output = in_env_session(py, env, tables, |s| s.sql(query))?;
+    Ok(PyQueryResult {
+        output,
+        env: env.inner.clone(),
     })
 }
 
@@ -121,11 +128,7 @@ pub fn explain_in_env(
     query: &str,
     tables: BTreeMap<String, PyRef<'_, PyFrame>>,
 ) -> PyResult<String> {
-    let tables = call_tables(tables);
-    detach(py, || {
-        env.sql_session
-            .with(&env.inner, &tables, |s| s.explain(query))
-    })
+    in_env_session(py, env, tables, |s| s.explain(query))
 }
 
 /// How many sessions `scad.sql` and `scad.explain` have started in this process (one
