@@ -7,15 +7,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
-use arrow_schema::{ArrowError, Field, Schema as ArrowSchema, SchemaRef};
+use arrow_schema::{ArrowError, SchemaRef};
 use polars::prelude::{PolarsError, SortMultipleOptions};
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use scad_remote_frame::expr_json::{self, ExprJsonError};
 use scad_remote_frame::{
-    dataframe_to_record_batches, record_batches_to_dataframe, Batches, Budget, Error as FrameError,
-    FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
+    Batches, Budget, Error as FrameError, FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
 };
 
 use crate::arrow_ffi::{export_stream, import_stream};
@@ -185,30 +184,10 @@ impl PyFrameEnv {
     }
 }
 
-fn arrow_schema(meta: &FrameMeta, columns: &[usize]) -> PyResult<SchemaRef> {
-    let fields = columns
-        .iter()
-        .map(|&i| {
-            let c = &meta.schema[i];
-            Ok(Field::new(
-                c.name.clone(),
-                c.dtype.arrow_type().map_err(frame_err)?,
-                true,
-            ))
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok(Arc::new(ArrowSchema::new(fields)))
-}
-
-/// Re-labels a batch with the declared schema (checks that the types agree).
-fn with_schema(schema: &SchemaRef, b: RecordBatch) -> Result<RecordBatch, ArrowError> {
-    RecordBatch::try_new(Arc::clone(schema), b.columns().to_vec())
-}
-
 /// Streams a frame batch by batch to an Arrow consumer.
 struct FrameReader {
     schema: SchemaRef,
-    batches: Batches,
+    batches: Batches<Vec<RecordBatch>>,
     pending: VecDeque<RecordBatch>,
 }
 
@@ -218,13 +197,9 @@ impl Iterator for FrameReader {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             if let Some(b) = self.pending.pop_front() {
-                return Some(with_schema(&self.schema, b));
+                return Some(Ok(b));
             }
-            let df = match self.batches.next()? {
-                Ok(df) => df,
-                Err(e) => return Some(Err(ArrowError::ExternalError(Box::new(e)))),
-            };
-            match dataframe_to_record_batches(&df) {
+            match self.batches.next()? {
                 Ok(bs) => self.pending.extend(bs),
                 Err(e) => return Some(Err(ArrowError::ExternalError(Box::new(e)))),
             }
@@ -292,19 +267,13 @@ impl PyFrame {
         let reader = import_stream(capsule)?;
         let env = env.inner.clone();
         detach(py, move || {
-            let schema = reader.schema();
-            let empty = record_batches_to_dataframe(&[RecordBatch::new_empty(schema)])
-                .map_err(frame_err)?;
-            let mut writer = FrameWriter::with_schema(&env, empty.schema())
+            let mut writer = FrameWriter::with_arrow_schema(&env, &reader.schema())
                 .map_err(frame_err)?
                 .coalescing();
             for batch in reader {
-                let batch = batch.map_err(arrow_err)?;
-                if batch.num_rows() == 0 {
-                    continue;
-                }
-                let df = record_batches_to_dataframe(&[batch]).map_err(frame_err)?;
-                writer.push(&df).map_err(frame_err)?;
+                writer
+                    .push_batch(&batch.map_err(arrow_err)?)
+                    .map_err(frame_err)?;
             }
             writer.finish().map(PyFrame::wrap).map_err(frame_err)
         })
@@ -384,11 +353,11 @@ impl PyFrame {
         columns: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let cols = self.column_list(columns)?;
-        let schema = arrow_schema(self.inner.meta(), &cols)?;
+        let schema = self.inner.arrow_schema_of(&cols).map_err(frame_err)?;
         let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         let batches = self
             .inner
-            .batches(Some(names.as_slice()), self.batch_bytes())
+            .record_batches(Some(names.as_slice()), self.batch_bytes())
             .map_err(frame_err)?;
         let reader = FrameReader {
             schema,
@@ -407,16 +376,11 @@ impl PyFrame {
         columns: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let cols = self.column_list(columns)?;
-        let schema = arrow_schema(self.inner.meta(), &cols)?;
+        let schema = self.inner.arrow_schema_of(&cols).map_err(frame_err)?;
         let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         let frame = self.inner.clone();
-        let s2 = Arc::clone(&schema);
         let batches = detach(py, move || {
-            let df = frame.select_columns(&names).map_err(frame_err)?;
-            let bs = dataframe_to_record_batches(&df).map_err(frame_err)?;
-            bs.into_iter()
-                .map(|b| with_schema(&s2, b).map_err(arrow_err))
-                .collect::<PyResult<Vec<_>>>()
+            frame.select_record_batches(&names).map_err(frame_err)
         })?;
         let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
         export_stream(py, Box::new(reader))

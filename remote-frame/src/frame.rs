@@ -251,6 +251,16 @@ impl RemoteFrame {
         self.polars_chunks(&cols, 0..self.meta.chunks.len())
     }
 
+    /// Reads the named columns only, as arrow-rs record batches (one per stored chunk).
+    ///
+    /// # Errors
+    /// As [`RemoteFrame::select_columns`].
+    pub fn select_record_batches<S: AsRef<str>>(&self, names: &[S]) -> Result<Vec<RecordBatch>> {
+        let cols = self.column_indices(names)?;
+        self.check_seal()?;
+        self.read_chunks(&cols, 0..self.meta.chunks.len())
+    }
+
     /// Chunks `range` of columns `cols` as one DataFrame (one Polars chunk per stored
     /// chunk; the arrays are shared, not copied).
     pub(crate) fn polars_chunks(
@@ -277,12 +287,34 @@ impl RemoteFrame {
         columns: Option<&[S]>,
         batch_bytes: u64,
     ) -> Result<Batches> {
+        self.batches_with(columns, batch_bytes, Self::polars_chunks)
+    }
+
+    /// As [`RemoteFrame::batches`], each batch as its chunks' arrow-rs record batches
+    /// (of the schema [`RemoteFrame::arrow_schema_of`] gives).
+    ///
+    /// # Errors
+    /// As [`RemoteFrame::batches`].
+    pub fn record_batches<S: AsRef<str>>(
+        &self,
+        columns: Option<&[S]>,
+        batch_bytes: u64,
+    ) -> Result<Batches<Vec<RecordBatch>>> {
+        self.batches_with(columns, batch_bytes, Self::read_chunks)
+    }
+
+    fn batches_with<S: AsRef<str>, T: Send + 'static>(
+        &self,
+        columns: Option<&[S]>,
+        batch_bytes: u64,
+        read: ReadChunks<T>,
+    ) -> Result<Batches<T>> {
         let cols = match columns {
             Some(names) => self.column_indices(names)?,
             None => (0..self.meta.schema.len()).collect(),
         };
         self.check_seal()?;
-        Ok(Batches::new(self.clone(), cols, batch_bytes))
+        Ok(Batches::new(self.clone(), cols, batch_bytes, read))
     }
 
     /// Gives the frame's remote memory back to the memory elements' allocators: checks
@@ -332,11 +364,13 @@ impl RemoteFrame {
         first.map_or(Ok(()), Err)
     }
 
-    /// The arrow-rs schema of columns `cols` (schema indices), every field nullable.
+    /// The arrow-rs schema of columns `cols` (schema indices, as
+    /// [`RemoteFrame::column_indices`] gives them), every field nullable: what the
+    /// record batches read of those columns carry.
     ///
     /// # Errors
     /// [`Error::Meta`] for a stored type arrow-rs cannot hold.
-    pub(crate) fn arrow_schema_of(&self, cols: &[usize]) -> Result<SchemaRef> {
+    pub fn arrow_schema_of(&self, cols: &[usize]) -> Result<SchemaRef> {
         let fields = cols
             .iter()
             .map(|&i| {
@@ -449,16 +483,21 @@ impl RemoteFrame {
 }
 
 /// Batches of a frame; see [`RemoteFrame::batches`].
-pub struct Batches {
+pub struct Batches<T = DataFrame> {
     frame: RemoteFrame,
     cols: Vec<usize>,
     groups: std::vec::IntoIter<std::ops::Range<usize>>,
+    /// How a group of chunks is read (as a DataFrame, or as record batches).
+    read: ReadChunks<T>,
     /// The batch being read ahead, and its bytes counted as held meanwhile.
-    ahead: Option<(std::thread::JoinHandle<Result<DataFrame>>, crate::env::Held)>,
+    ahead: Option<(std::thread::JoinHandle<Result<T>>, crate::env::Held)>,
 }
 
-impl Batches {
-    fn new(frame: RemoteFrame, cols: Vec<usize>, batch_bytes: u64) -> Self {
+/// Reads chunks `range` of columns `cols` of a frame.
+type ReadChunks<T> = fn(&RemoteFrame, &[usize], std::ops::Range<usize>) -> Result<T>;
+
+impl<T: Send + 'static> Batches<T> {
+    fn new(frame: RemoteFrame, cols: Vec<usize>, batch_bytes: u64, read: ReadChunks<T>) -> Self {
         let mut groups = Vec::new();
         let mut start = 0;
         let mut bytes = 0u64;
@@ -478,6 +517,7 @@ impl Batches {
             frame,
             cols,
             groups: groups.into_iter(),
+            read,
             ahead: None,
         }
     }
@@ -491,13 +531,14 @@ impl Batches {
             let held = self.frame.env.hold(bytes);
             let f = self.frame.clone();
             let cols = self.cols.clone();
-            self.ahead = Some((std::thread::spawn(move || f.polars_chunks(&cols, g)), held));
+            let read = self.read;
+            self.ahead = Some((std::thread::spawn(move || read(&f, &cols, g)), held));
         }
     }
 }
 
-impl Iterator for Batches {
-    type Item = Result<DataFrame>;
+impl<T: Send + 'static> Iterator for Batches<T> {
+    type Item = Result<T>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.ahead.is_none() {
@@ -517,7 +558,7 @@ impl Iterator for Batches {
     }
 }
 
-impl Drop for Batches {
+impl<T> Drop for Batches<T> {
     fn drop(&mut self) {
         if let Some((h, _held)) = self.ahead.take() {
             let _ = h.join();
