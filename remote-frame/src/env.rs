@@ -239,8 +239,8 @@ impl FrameEnv {
         }
     }
 
-    /// The element the next chunk of a new frame goes to (round-robin).
-    pub(crate) fn next_element(&self) -> Result<String> {
+    /// The elements new frames are placed on, in round-robin order (never empty).
+    fn placement(&self) -> Result<Vec<String>> {
         let names = if self.inner.elements.is_empty() {
             self.inner.registry.names()
         } else {
@@ -251,6 +251,12 @@ impl FrameEnv {
                 "the environment has no memory elements to place a frame on".into(),
             ));
         }
+        Ok(names)
+    }
+
+    /// The element the next chunk of a new frame goes to (round-robin).
+    pub(crate) fn next_element(&self) -> Result<String> {
+        let names = self.placement()?;
         let k = self.inner.next_element.fetch_add(1, Ordering::Relaxed) as usize;
         Ok(names[k % names.len()].clone())
     }
@@ -258,15 +264,7 @@ impl FrameEnv {
     /// The element a frame without chunks keeps its seal on: the first new frames are
     /// placed on (the round-robin is not advanced).
     pub(crate) fn first_element(&self) -> Result<String> {
-        let first = match self.inner.elements.first() {
-            Some(name) => Some(name.clone()),
-            None => self.inner.registry.names().into_iter().next(),
-        };
-        first.ok_or_else(|| {
-            Error::InvalidArgument(
-                "the environment has no memory elements to place a frame on".into(),
-            )
-        })
+        Ok(self.placement()?.swap_remove(0))
     }
 
     /// Makes sure new frames are not allocated over the given frames' chunks and seals:
