@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use arrow_schema::{ArrowError, SchemaRef};
-use polars::prelude::{PolarsError, SortMultipleOptions};
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
+use datafusion::common::DFSchema;
+use datafusion::logical_expr::{ident, SortExpr};
 use scad_remote_frame::expr_json::{self, ExprJsonError};
+use scad_remote_frame::query::frame_schema;
 use scad_remote_frame::{
     Batches, Budget, Error as FrameError, FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
 };
@@ -50,7 +52,6 @@ pub fn frame_err(e: FrameError) -> PyErr {
         FrameError::OutOfBudget { .. } | FrameError::Skew { .. } => {
             BudgetExceededError::new_err(msg)
         }
-        FrameError::Polars(p) => polars_err(*p),
         FrameError::Arrow(_) => PyValueError::new_err(msg),
         FrameError::Query(_) => QueryError::new_err(msg),
         FrameError::UnknownName { .. } => unknown_name_err(msg),
@@ -64,20 +65,6 @@ fn unknown_name_err(msg: String) -> PyErr {
         Ok(class) => PyErr::from_type(class.clone(), msg),
         Err(_) => QueryError::new_err(msg),
     })
-}
-
-fn polars_err(e: PolarsError) -> PyErr {
-    let msg = format!("polars: {e}");
-    match e {
-        PolarsError::ColumnNotFound(_) => PyKeyError::new_err(msg),
-        PolarsError::SchemaMismatch(_) | PolarsError::InvalidOperation(_) => {
-            PyTypeError::new_err(msg)
-        }
-        PolarsError::ComputeError(_)
-        | PolarsError::OutOfBounds(_)
-        | PolarsError::ShapeMismatch(_) => PyValueError::new_err(msg),
-        _ => ScadError::new_err(msg),
-    }
 }
 
 /// A malformed expression tree is a `ValueError`.
@@ -217,11 +204,13 @@ fn join_type(how: &str) -> PyResult<JoinType> {
     Ok(match how {
         "inner" => JoinType::Inner,
         "left" => JoinType::Left,
-        "semi" => JoinType::Semi,
-        "anti" => JoinType::Anti,
+        "right" => JoinType::Right,
+        "full" => JoinType::Full,
+        "semi" => JoinType::LeftSemi,
+        "anti" => JoinType::LeftAnti,
         other => {
             return Err(PyValueError::new_err(format!(
-                "unknown join type {other:?} (inner, left, semi or anti)"
+                "unknown join type {other:?} (inner, left, right, full, semi or anti)"
             )))
         }
     })
@@ -386,9 +375,14 @@ impl PyFrame {
         export_stream(py, Box::new(reader))
     }
 
+    /// The frame's schema, to type the expressions sent as JSON against.
+    fn expr_schema(&self) -> PyResult<DFSchema> {
+        frame_schema(&self.inner).map_err(frame_err)
+    }
+
     /// Rows where the predicate (expression JSON) is true.
     fn filter(&self, py: Python<'_>, predicate: &str) -> PyResult<Self> {
-        let e = expr_json::from_json(predicate).map_err(expr_err)?;
+        let e = expr_json::from_json(predicate, &self.expr_schema()?).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.filter(e).map(PyFrame::wrap).map_err(frame_err)
@@ -397,7 +391,7 @@ impl PyFrame {
 
     /// The expressions (JSON list) as the new columns.
     fn select(&self, py: Python<'_>, exprs: &str) -> PyResult<Self> {
-        let es = expr_json::list_from_json(exprs).map_err(expr_err)?;
+        let es = expr_json::list_from_json(exprs, &self.expr_schema()?).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.select(es).map(PyFrame::wrap).map_err(frame_err)
@@ -406,7 +400,7 @@ impl PyFrame {
 
     /// All columns plus (or replaced by) the expressions (JSON list).
     fn with_columns(&self, py: Python<'_>, exprs: &str) -> PyResult<Self> {
-        let es = expr_json::list_from_json(exprs).map_err(expr_err)?;
+        let es = expr_json::list_from_json(exprs, &self.expr_schema()?).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.with_columns(es).map(PyFrame::wrap).map_err(frame_err)
@@ -439,7 +433,7 @@ impl PyFrame {
                 "group_by needs at least one key column",
             ));
         }
-        let es = expr_json::list_from_json(aggs).map_err(expr_err)?;
+        let es = expr_json::list_from_json(aggs, &self.expr_schema()?).map_err(expr_err)?;
         let f = self.inner.clone();
         detach(py, move || {
             f.group_by(&keys, es).map(PyFrame::wrap).map_err(frame_err)
@@ -467,15 +461,18 @@ impl PyFrame {
                 by.len()
             )));
         }
-        let options = SortMultipleOptions::default()
-            .with_order_descending_multi(descending)
-            .with_nulls_last(nulls_last)
-            .with_maintain_order(true);
+        // As Polars: nulls first unless `nulls_last`, in either direction; ties keep
+        // the frame's order.
+        let keys: Vec<SortExpr> = by
+            .iter()
+            .zip(descending)
+            .map(|(name, desc)| ident(name).sort(!desc, !nulls_last))
+            .collect();
         let f = self.inner.clone();
         detach(py, move || {
             match limit {
-                Some(n) => f.sort_limit(&by, options, n),
-                None => f.sort(&by, options),
+                Some(n) => f.sort_limit(keys, n),
+                None => f.sort(keys),
             }
             .map(PyFrame::wrap)
             .map_err(frame_err)

@@ -22,6 +22,7 @@ use polars::prelude::*;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
+use scad_remote_frame::query::expr as q;
 use scad_remote_frame::{Budget, FrameEnv, FrameMeta, JoinType, RemoteFrame};
 
 #[derive(Parser)]
@@ -94,7 +95,7 @@ fn date_dim() -> Result<DataFrame> {
 fn step1(servers: &[String]) -> Result<String> {
     let env = connect(servers)?;
     let dates = RemoteFrame::from_polars(&env, &date_dim()?)?;
-    let y2000 = dates.filter(col("d_year").eq(lit(2000)))?;
+    let y2000 = dates.filter(q::col("d_year").eq(q::lit(2000)))?;
     dates.free()?; // only the filtered frame is handed on
     tracing::info!(rows = y2000.rows(), stats = %env.stats(), "step 1 done");
     Ok(y2000.to_json()?)
@@ -119,12 +120,12 @@ fn step2(servers: &[String], json: &str) -> Result<DataFrame> {
         .group_by(
             &["d_moy"],
             [
-                col("ss_quantity").sum().alias("quantity"),
-                col("ss_net_paid").sum().alias("net_paid"),
-                len().alias("sales"),
+                q::sum(q::col("ss_quantity")).alias("quantity"),
+                q::sum(q::col("ss_net_paid")).alias("net_paid"),
+                q::count(q::lit(1)).alias("sales"),
             ],
         )?
-        .sort(&["d_moy"], SortMultipleOptions::default())?;
+        .sort(vec![q::col("d_moy").sort(true, false)])?;
     let out = per_month.to_polars()?;
     tracing::info!(stats = %env.stats(), "step 2 done");
     Ok(out)

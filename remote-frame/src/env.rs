@@ -1,5 +1,5 @@
 //! [`FrameEnv`]: where frames live (the [`MemoryElements`] a compute element
-//! reaches), the local memory budget the kernels keep to, and the counters they
+//! reaches), the local memory budget frame operations keep to, and the counters they
 //! report ([`KernelStats`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,39 +15,33 @@ use crate::error::{Error, Result};
 /// Default rows per stored chunk.
 pub const DEFAULT_CHUNK_ROWS: usize = 128 * 1024;
 
-/// Counters of the kernels run in one [`FrameEnv`] (cumulative; see
+/// Counters of the frame operations run in one [`FrameEnv`] (cumulative; see
 /// [`FrameEnv::stats`] and [`FrameEnv::reset_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct KernelStats {
-    /// Wall time spent inside kernels.
+    /// Wall time spent inside frame operations.
     pub time: Duration,
-    /// Bytes read from memory elements (frame data).
+    /// Bytes read from memory elements (frame data and spill files read back).
     pub bytes_in: u64,
-    /// Bytes written to memory elements (frame data).
+    /// Bytes written to memory elements (frame data and spill files).
     pub bytes_out: u64,
-    /// Largest local memory the kernels held at once: the frames read, the
-    /// partitions being joined or aggregated, and their results, as Polars sizes them.
+    /// Largest local memory held at once: the batches being read or written, and
+    /// the query operators' reservations.
     pub peak_local_bytes: u64,
-    /// Hash partitions written to remote memory (all levels).
-    pub partitions: u64,
-    /// Deepest recursive re-partitioning level reached (0: none needed).
-    pub max_level: u32,
-    /// Partitions joined by the nested loop over pages (skewed keys).
-    pub nested_loop_partitions: u64,
+    /// Spill files the query operators wrote to memory elements.
+    pub spill_files: u64,
 }
 
 impl std::fmt::Display for KernelStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:.3} s, {:.1} MiB in, {:.1} MiB out, peak local {:.1} MiB, {} partitions (max level {}), {} nested-loop partitions",
+            "{:.3} s, {:.1} MiB in, {:.1} MiB out, peak local {:.1} MiB, {} spill files",
             self.time.as_secs_f64(),
             self.bytes_in as f64 / (1 << 20) as f64,
             self.bytes_out as f64 / (1 << 20) as f64,
             self.peak_local_bytes as f64 / (1 << 20) as f64,
-            self.partitions,
-            self.max_level,
-            self.nested_loop_partitions
+            self.spill_files,
         )
     }
 }
@@ -58,13 +52,11 @@ struct Counters {
     bytes_out: AtomicU64,
     current: AtomicU64,
     peak: AtomicU64,
-    partitions: AtomicU64,
-    max_level: AtomicU64,
-    nested: AtomicU64,
+    spill_files: AtomicU64,
     time_ns: AtomicU64,
 }
 
-/// The context frames and kernels run in: the memory elements frames and spill files
+/// The context frames and their operations run in: the memory elements frames and spill files
 /// live on, the local memory budget, the chunk size and placement of new frames, and
 /// counters. Frames read and write their chunks through the elements' transports
 /// directly, so no buffer pool is needed.
@@ -170,9 +162,7 @@ impl FrameEnv {
             bytes_in: c.bytes_in.load(Ordering::Relaxed),
             bytes_out: c.bytes_out.load(Ordering::Relaxed),
             peak_local_bytes: c.peak.load(Ordering::Relaxed),
-            partitions: c.partitions.load(Ordering::Relaxed),
-            max_level: c.max_level.load(Ordering::Relaxed) as u32,
-            nested_loop_partitions: c.nested.load(Ordering::Relaxed),
+            spill_files: c.spill_files.load(Ordering::Relaxed),
         }
     }
 
@@ -182,9 +172,7 @@ impl FrameEnv {
         for a in [
             &c.bytes_in,
             &c.bytes_out,
-            &c.partitions,
-            &c.max_level,
-            &c.nested,
+            &c.spill_files,
             &c.time_ns,
         ] {
             a.store(0, Ordering::Relaxed);
@@ -193,7 +181,7 @@ impl FrameEnv {
             .store(c.current.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
-    /// Bytes of local memory the kernels hold now.
+    /// Bytes of local memory frame operations hold now (outside query operators).
     pub fn local_bytes(&self) -> u64 {
         self.inner.counters.current.load(Ordering::Relaxed)
     }
@@ -209,14 +197,17 @@ impl FrameEnv {
             .fetch_add(n, Ordering::Relaxed);
     }
 
-    pub(crate) fn add_partitions(&self, n: u64, level: u32) {
+    /// Adds a query's figures: what it read and spilled, and its operators' peak on
+    /// top of what is held outside the query now.
+    pub(crate) fn record_query(&self, q: &crate::query::QueryStats) {
         let c = &self.inner.counters;
-        c.partitions.fetch_add(n, Ordering::Relaxed);
-        c.max_level.fetch_max(u64::from(level), Ordering::Relaxed);
-    }
-
-    pub(crate) fn add_nested(&self) {
-        self.inner.counters.nested.fetch_add(1, Ordering::Relaxed);
+        c.bytes_in
+            .fetch_add(q.scan_bytes + q.spill_bytes_read, Ordering::Relaxed);
+        c.bytes_out
+            .fetch_add(q.spill_bytes_written, Ordering::Relaxed);
+        c.spill_files.fetch_add(q.spill_files, Ordering::Relaxed);
+        let peak = c.current.load(Ordering::Relaxed) + q.peak_local_bytes;
+        c.peak.fetch_max(peak, Ordering::Relaxed);
     }
 
     /// Records `bytes` of local memory as held until the guard drops.

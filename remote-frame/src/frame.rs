@@ -904,3 +904,37 @@ fn check_same_schema(want: &[ColumnMeta], got: &[ColumnMeta]) -> Result<()> {
     }
     Ok(())
 }
+
+impl RemoteFrame {
+    /// Applies `f` to every batch (a Polars lazy frame of a few chunks) and writes
+    /// the results to a new frame: any row-wise Polars query streams through memory
+    /// this way, a batch of about a quarter of the budget (at most 64 MiB) at a time.
+    ///
+    /// # Errors
+    /// Polars errors from `f`; transport and allocation errors.
+    pub fn map_batches<F>(&self, f: F) -> Result<RemoteFrame>
+    where
+        F: Fn(polars::prelude::LazyFrame) -> polars::prelude::LazyFrame,
+    {
+        use polars::prelude::IntoLazy;
+        const STREAM_CAP: u64 = 64 << 20;
+        let env = self.env();
+        let _t = env.timer();
+        let batch_bytes = (env.budget().saturating_bytes() / 4).clamp(1, STREAM_CAP);
+        let mut w = FrameWriter::new(env).coalescing();
+        for b in self.batches::<&str>(None, batch_bytes)? {
+            let b = b?;
+            let read = b.estimated_size() as u64;
+            let mut held = env.hold(read);
+            let out = f(b.lazy()).collect()?;
+            held.set(read + out.estimated_size() as u64);
+            w.push(&out)?;
+        }
+        if w.rows() == 0 {
+            let all: Vec<usize> = (0..self.meta.schema.len()).collect();
+            let out = f(self.polars_chunks(&all, 0..0)?.lazy()).collect()?;
+            w.push(&out)?;
+        }
+        w.finish()
+    }
+}

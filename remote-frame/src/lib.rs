@@ -1,6 +1,6 @@
 //! # scad-remote-frame — dataframes in remote memory
 //!
-//! Tables whose columns live in Scad memory elements, and relational kernels over
+//! Tables whose columns live in Scad memory elements, and one query engine over
 //! them whose local memory stays within a budget the caller sets.
 //!
 //! - [`RemoteFrame`]: a table stored chunk by chunk (row groups of
@@ -9,23 +9,22 @@
 //!   of it, a projection of its columns, or a stream of batches; row count and schema
 //!   come from the metadata alone. The JSON of the metadata is all another compute
 //!   element needs to open the frame (given transports to the same memory elements).
-//! - Kernels (results are RemoteFrames again): [`RemoteFrame::filter`],
-//!   [`RemoteFrame::select`], [`RemoteFrame::with_columns`], [`RemoteFrame::join`]
-//!   (inner, left, semi, anti; one or more key columns), [`RemoteFrame::group_by`]
-//!   (any Polars aggregation: sum, mean, count, n_unique, min, max, ...),
-//!   [`RemoteFrame::distinct`], [`RemoteFrame::sort`], [`RemoteFrame::sort_limit`],
-//!   [`RemoteFrame::limit`], and [`RemoteFrame::map_batches`] for any row-wise
-//!   Polars query.
+//! - The engine ([`query`]): SQL ([`QuerySession::sql`]) and lazy queries
+//!   ([`query::LazyQuery`]) planned by DataFusion and run by Scad's scan and
+//!   spilling operators, which spill to memory elements, never to local disk.
+//! - Verbs (results are RemoteFrames again), each a query on that engine:
+//!   [`RemoteFrame::filter`], [`RemoteFrame::select`], [`RemoteFrame::with_columns`],
+//!   [`RemoteFrame::join`] (inner, left, right, full, semi, anti; one or more key
+//!   columns), [`RemoteFrame::group_by`], [`RemoteFrame::distinct`],
+//!   [`RemoteFrame::sort`], [`RemoteFrame::sort_limit`], [`RemoteFrame::limit`].
+//!   Expressions are DataFusion's ([`query::expr`]); [`expr_json`] builds them, with
+//!   Polars' semantics, from the versioned JSON tree the Python package sends.
 //! - Arrow-native: frames are written from arrow-rs `RecordBatch`es
 //!   ([`RemoteFrame::from_record_batches`], [`FrameWriter::push_batch`]) and read
 //!   straight into arrow-rs arrays ([`RemoteFrame::to_record_batches`], the query
 //!   engine's scan). Polars `DataFrame`s ([`RemoteFrame::from_polars`],
-//!   [`RemoteFrame::to_polars`]) convert at the edge through the Arrow C data
-//!   interface, sharing buffers.
-//!
-//! Expressions are Polars' own ([`col`], [`lit`], [`Expr`]); each batch or partition
-//! is processed by Polars in memory, so per-partition speed is Polars' speed.
-//! [`expr_json`] builds them from the versioned JSON tree the Python package sends.
+//!   [`RemoteFrame::to_polars`], [`RemoteFrame::map_batches`]) convert at the edge
+//!   through the Arrow C data interface, sharing buffers.
 //!
 //! ## Layout in remote memory
 //! A chunk of `n` rows is one allocation on one memory element (chunks are dealt
@@ -50,44 +49,46 @@
 //! clone of it) refuses every later use ([`Error::Freed`]).
 //!
 //! ## The budget
-//! [`FrameEnv::with_budget`] sets how many bytes of local memory kernels may hold (a
-//! [`Budget`]: a positive number of bytes, or unlimited as [`FrameEnv::new`] starts):
-//! the batches and partitions they read, Polars' results, and the batch being read
-//! ahead, each sized as Polars sizes DataFrames. A join whose inputs (and result)
-//! fit is done in one go; if only the right side fits, the left side streams past
-//! it; otherwise both sides are hash-partitioned by key into remote memory and
-//! joined partition by partition (a grace hash join), re-partitioning a partition
-//! that is still too large with a new hash seed. A key too frequent to split is
-//! joined by a nested loop over pages (inner joins), needs no work (semi and anti
-//! joins hold only distinct keys) or is reported as [`Error::Skew`] naming the key
-//! (left joins, group-bys). The largest amount held is [`KernelStats::peak_local_bytes`]
-//! ([`FrameEnv::stats`]), with the time and bytes moved.
+//! [`FrameEnv::with_budget`] sets how many bytes of local memory queries and verbs
+//! may hold (a [`Budget`]: a positive number of bytes, or unlimited as
+//! [`FrameEnv::new`] starts). Every operator reserves from one pool of that size
+//! before it holds memory; joins, aggregates, sorts and windows that cannot get it
+//! spill to memory elements (see [`query`]). The largest amount reserved is
+//! [`KernelStats::peak_local_bytes`] ([`FrameEnv::stats`]), with the time, bytes
+//! moved and spill files.
 //!
 //! ## Example
 //! ```
 //! use std::sync::Arc;
-//! use polars::prelude::*;
+//! use arrow_array::{Float64Array, Int32Array, Int64Array, RecordBatch};
 //! use scad_core::transport::LocalTransport;
 //! use scad_remote_array::MemoryElements;
+//! use scad_remote_frame::query::expr::{col, lit, sum};
 //! use scad_remote_frame::{Budget, FrameEnv, JoinType, RemoteFrame};
 //!
 //! let elements = Arc::new(MemoryElements::new());
 //! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
 //! let env = FrameEnv::new(elements).with_budget(Budget::bytes(16 << 20)?);
 //!
-//! let dates = df!("d_date_sk" => [1i64, 2, 3], "d_year" => [1999i32, 2000, 2000])?;
-//! let sales = df!("ss_sold_date_sk" => [1i64, 2, 2, 3], "ss_price" => [1.0, 2.0, 3.0, 4.0])?;
-//! let dates = RemoteFrame::from_polars(&env, &dates)?;
-//! let sales = RemoteFrame::from_polars(&env, &sales)?;
+//! let dates = RecordBatch::try_from_iter([
+//!     ("d_date_sk", Arc::new(Int64Array::from(vec![1, 2, 3])) as _),
+//!     ("d_year", Arc::new(Int32Array::from(vec![1999, 2000, 2000])) as _),
+//! ])?;
+//! let sales = RecordBatch::try_from_iter([
+//!     ("ss_sold_date_sk", Arc::new(Int64Array::from(vec![1, 2, 2, 3])) as _),
+//!     ("ss_price", Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0])) as _),
+//! ])?;
+//! let dates = RemoteFrame::from_record_batches(&env, &[dates])?;
+//! let sales = RemoteFrame::from_record_batches(&env, &[sales])?;
 //!
 //! let y2000 = dates.filter(col("d_year").eq(lit(2000)))?;
-//! let joined = sales.join(&y2000, ["ss_sold_date_sk"], ["d_date_sk"], JoinType::Semi)?;
-//! let total = joined.group_by(&["ss_sold_date_sk"], [col("ss_price").sum()])?;
+//! let joined = sales.join(&y2000, ["ss_sold_date_sk"], ["d_date_sk"], JoinType::LeftSemi)?;
+//! let total = joined.group_by(&["ss_sold_date_sk"], [sum(col("ss_price"))])?;
 //! assert_eq!(total.rows(), 2);
 //! // The next element needs only this JSON (and the same memory elements):
 //! let json = total.to_json()?;
 //! let again = RemoteFrame::from_json(&env, &json)?;
-//! assert_eq!(again.to_polars()?.height(), 2);
+//! assert_eq!(again.to_record_batches()?.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -97,9 +98,7 @@ pub mod env;
 pub mod error;
 pub mod expr_json;
 pub mod frame;
-pub(crate) mod hash;
 mod interop;
-pub mod kernels;
 pub mod meta;
 pub mod query;
 pub mod seal;
@@ -108,9 +107,9 @@ pub use budget::Budget;
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
 pub use error::{Error, NameKind, Result};
 pub use frame::{Batches, FrameWriter, RemoteFrame};
-pub use kernels::JoinType;
 pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};
-pub use polars::prelude::{col, lit, DataFrame, Expr, SortMultipleOptions};
+pub use datafusion::logical_expr::JoinType;
+pub use polars::prelude::DataFrame;
 pub use query::{QueryOutput, QuerySession, QueryStats, Stage, StageOutput, StagePlan};
 pub use seal::{Seal, SEAL_BYTES};
 

@@ -506,9 +506,10 @@ class RemoteFrame:
     def join(self, other: "RemoteFrame", on: Union[str, Sequence[str], None] = None, *,
              left_on: Union[str, Sequence[str], None] = None,
              right_on: Union[str, Sequence[str], None] = None, how: str = "inner") -> "RemoteFrame":
-        """Joins on ``on`` (or ``left_on`` = ``right_on``); ``how``: inner, left, semi,
-        anti. Right key columns are dropped, clashing names get ``_right``; row order is
-        unspecified."""
+        """Joins on ``on`` (or ``left_on`` = ``right_on``); ``how``: inner, left, right,
+        full, semi, anti. Columns as Polars gives them: the right key columns are
+        dropped (inner, left; the left ones for right joins), clashing names get
+        ``_right``; row order is unspecified."""
         if not isinstance(other, RemoteFrame):
             raise TypeError("join takes another RemoteFrame")
         if on is not None:

@@ -32,13 +32,18 @@
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::{Expr, JoinType, SortExpr};
 
-use super::{query_error, QueryOutput, QuerySession};
+use super::{query_error, QueryOutput, QuerySession, QueryStats};
+use crate::env::FrameEnv;
 use crate::error::Result;
+use crate::frame::RemoteFrame;
 
 /// DataFusion's expression builders for [`LazyQuery`]: columns, literals, the
 /// aggregate and window functions.
 pub mod expr {
-    pub use datafusion::functions_aggregate::expr_fn::{avg, count, max, min, sum};
+    pub use datafusion::functions_aggregate::expr_fn::{
+        avg, count, count_distinct, first_value, last_value, max, median, min, stddev, sum,
+        var_sample,
+    };
     pub use datafusion::functions_window::expr_fn::{rank, row_number};
     pub use datafusion::logical_expr::{Expr, ExprFunctionExt, JoinType, SortExpr};
     pub use datafusion::prelude::{col, lit};
@@ -120,6 +125,24 @@ impl<'s> LazyQuery<'s> {
         self.next(|df| df.join(right.df, how, left_cols, right_cols, filter))
     }
 
+    /// Joins `right` where the expressions `on` hold (equalities of a left and a
+    /// right column become hash join keys; null keys match nothing), of any kind.
+    ///
+    /// # Errors
+    /// Unknown or ambiguous columns.
+    pub fn join_on(self, right: LazyQuery<'_>, how: JoinType, on: Vec<Expr>) -> Result<Self> {
+        self.next(|df| df.join_on(right.df, how, on))
+    }
+
+    /// One row per distinct value of `on` (any of its rows), with the columns
+    /// `select`.
+    ///
+    /// # Errors
+    /// Unknown columns.
+    pub fn distinct_on(self, on: Vec<Expr>, select: Vec<Expr>) -> Result<Self> {
+        self.next(|df| df.distinct_on(on, select, None))
+    }
+
     /// Groups by `group` and computes `aggregates` per group (no `group`: one row).
     ///
     /// # Errors
@@ -184,6 +207,25 @@ impl<'s> LazyQuery<'s> {
             .indent(true)
             .to_string();
         Ok(text)
+    }
+
+    /// Plans and runs the query as [`LazyQuery::collect`] does, writing the answer
+    /// batch by batch to a new frame of `env` (its memory elements, chunk size and
+    /// counters) instead of collecting it locally: an answer larger than the budget
+    /// never passes through local memory whole.
+    ///
+    /// # Errors
+    /// As [`QuerySession::sql`]; transport and allocation errors of the writes (the
+    /// part written is freed).
+    pub fn collect_frame(self, env: &FrameEnv) -> Result<(RemoteFrame, QueryStats)> {
+        let plan = self.df.logical_plan().clone();
+        self.session
+            .run_to_frame(|| self.session.plan_logical(&plan), env)
+    }
+
+    /// The query's output schema (names and types), without running it.
+    pub fn schema(&self) -> &datafusion::common::DFSchema {
+        self.df.schema()
     }
 
     /// Plans and runs the query within the session's budget, as

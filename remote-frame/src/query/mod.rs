@@ -59,6 +59,7 @@ mod scan;
 mod spill;
 mod stage;
 mod stats;
+mod verbs;
 mod window;
 
 use std::collections::BTreeMap;
@@ -80,7 +81,8 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
-use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::physical_plan::{collect, displayable, execute_stream, ExecutionPlan};
+use futures::StreamExt;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
@@ -89,9 +91,10 @@ use polars::prelude::DataFrame;
 use crate::budget::Budget;
 use crate::env::FrameEnv;
 use crate::error::{Error, NameKind, Result};
-use crate::frame::RemoteFrame;
+use crate::frame::{FrameWriter, RemoteFrame};
 use crate::interop;
 pub use lazy::{expr, LazyQuery};
+pub use verbs::frame_schema;
 use peak::PeakPool;
 use scan::RemoteTable;
 use spill::{RemoteSpillFactory, SpillCounters};
@@ -206,9 +209,13 @@ impl QueryOutput {
     /// Writes the answer to memory elements as a new frame.
     ///
     /// # Errors
-    /// As [`RemoteFrame::from_polars`].
+    /// As [`FrameWriter::push_batch`].
     pub fn to_remote_frame(&self, env: &FrameEnv) -> Result<RemoteFrame> {
-        RemoteFrame::from_polars(env, &self.to_polars()?)
+        let mut writer = FrameWriter::with_arrow_schema(env, self.schema.as_ref())?;
+        for b in self.batches.iter().filter(|b| b.num_rows() > 0) {
+            writer.push_batch(b)?;
+        }
+        writer.finish()
     }
 
     /// The physical plan with each operator's metrics from this run (rows, time,
@@ -306,7 +313,9 @@ impl QuerySession {
             // default (10 MiB) would be most of a small budget. The merge cannot spill,
             // and a second sort in the same pipeline (two windows in a row) fills the
             // pool while it runs: budget/64 was too little for one more batch there.
-            let reserve = (limit / 32).clamp(16 << 10, 10 << 20) as usize;
+            // Never more than a quarter of the budget: the sort needs the rest for
+            // its batches.
+            let reserve = (limit / 32).clamp(16 << 10, 10 << 20).min(limit / 4) as usize;
             config.options_mut().execution.sort_spill_reservation_bytes = reserve;
         }
         // Build sides by estimated cardinality: right after DataFusion's
@@ -474,6 +483,62 @@ impl QuerySession {
             stats,
             plan: physical,
         })
+    }
+
+    /// Plans with `plan` and runs the result as [`QuerySession::run`] does, writing
+    /// the answer batch by batch to a new frame of `env` instead of collecting it (the
+    /// answer may be larger than the budget). With one partition the frame keeps the
+    /// plan's row order. The query's figures are added to `env`'s counters.
+    fn run_to_frame(
+        &self,
+        plan: impl FnOnce() -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)>,
+        env: &FrameEnv,
+    ) -> Result<(RemoteFrame, QueryStats)> {
+        let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = self.measure_start();
+        let (_, physical) = plan()?;
+        let written = self.runtime.block_on(async {
+            let mut writer =
+                FrameWriter::with_arrow_schema(env, physical.schema().as_ref())?.coalescing();
+            let mut stream = execute_stream(physical.clone(), self.ctx.task_ctx())
+                .map_err(|e| self.run_error(e))?;
+            while let Some(batch) = stream.next().await {
+                let batch = batch.map_err(|e| self.run_error(e))?;
+                if batch.num_rows() > 0 {
+                    writer.push_batch(&batch)?;
+                }
+            }
+            writer.finish()
+        });
+        self.await_spill_release();
+        let frame = written?;
+        let stats = self.measure_end(before, frame.rows(), physical.as_ref());
+        env.record_query(&stats);
+        Ok((frame, stats))
+    }
+
+    /// Makes `frame` queryable as table `name` with one more column, `row_index`
+    /// (UInt64, last): each row's position in the frame, computed, not read.
+    ///
+    /// # Errors
+    /// As [`QuerySession::register`]; [`Error::InvalidArgument`] when the frame has a
+    /// column named `row_index`.
+    pub(crate) fn register_with_row_index(
+        &self,
+        name: &str,
+        frame: &RemoteFrame,
+        row_index: &str,
+    ) -> Result<()> {
+        frame.check_seal()?;
+        let table = RemoteTable::with_row_index(frame.clone(), row_index)?;
+        self.ctx
+            .register_table(name, Arc::new(table))
+            .map_err(query_error)?;
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), frame.clone());
+        Ok(())
     }
 
     /// Bytes of remote memory held by spill files now (0 between queries: every

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64Array};
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
@@ -47,6 +47,8 @@ pub(crate) struct RemoteTable {
     frame: RemoteFrame,
     schema: SchemaRef,
     stats: Arc<ChunkStatistics>,
+    /// The first row of each chunk, when the table has a row index column (the last).
+    chunk_starts: Option<Arc<Vec<u64>>>,
 }
 
 impl RemoteTable {
@@ -59,6 +61,46 @@ impl RemoteTable {
             frame,
             schema,
             stats,
+            chunk_starts: None,
+        })
+    }
+
+    /// The table with one more column, `name` (UInt64, last): each row's position
+    /// in the frame. It costs no reading (it is computed from the chunks' row
+    /// counts) and gives operators that need the frame's order (a stable sort,
+    /// first and last values) a key for it.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] when the frame has a column `name`.
+    pub(crate) fn with_row_index(frame: RemoteFrame, name: &str) -> crate::Result<Self> {
+        let stored = frame.arrow_schema()?;
+        if stored.index_of(name).is_ok() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "the row index column {name:?} is already a column of the frame"
+            )));
+        }
+        let mut fields: Vec<_> = stored.fields().iter().cloned().collect();
+        fields.push(Arc::new(arrow_schema::Field::new(
+            name,
+            arrow_schema::DataType::UInt64,
+            false,
+        )));
+        let schema = Arc::new(arrow_schema::Schema::new(fields));
+        let chunks = &frame.meta().chunks;
+        let starts = chunks
+            .iter()
+            .scan(0u64, |next, c| {
+                let start = *next;
+                *next += c.rows;
+                Some(start)
+            })
+            .collect();
+        let stats = Arc::new(ChunkStatistics::new(schema.clone(), chunks));
+        Ok(RemoteTable {
+            frame,
+            schema,
+            stats,
+            chunk_starts: Some(Arc::new(starts)),
         })
     }
 }
@@ -98,6 +140,16 @@ impl TableProvider for RemoteTable {
             state.create_physical_expr(e, &table).ok()
         });
         let chunks = self.stats.matching(predicate);
+        // The row index (the table's last column) is computed, not read.
+        let stored = self.frame.meta().schema.len();
+        let row_index = self.chunk_starts.as_ref().and_then(|starts| {
+            let at = columns.iter().position(|&c| c == stored)?;
+            Some(RowIndex {
+                at,
+                starts: starts.clone(),
+            })
+        });
+        let columns = columns.into_iter().filter(|&c| c < stored).collect();
         Ok(Arc::new(RemoteScanExec::new(
             self.frame.clone(),
             self.stats.clone(),
@@ -107,6 +159,7 @@ impl TableProvider for RemoteTable {
             partitions,
             batch_rows,
             limit,
+            row_index,
         )))
     }
 
@@ -147,6 +200,16 @@ pub(crate) struct RemoteScanExec {
     /// Dynamic filters over the scan's columns (join key bounds), checked against
     /// each chunk's statistics before it is read.
     dynamic: Vec<Arc<dyn PhysicalExpr>>,
+    row_index: Option<RowIndex>,
+}
+
+/// Where a scan's row index column goes and where each chunk's rows start.
+#[derive(Debug, Clone)]
+pub(crate) struct RowIndex {
+    /// The column's position in the scan's schema.
+    at: usize,
+    /// The first row of each chunk of the frame.
+    starts: Arc<Vec<u64>>,
 }
 
 impl RemoteScanExec {
@@ -160,6 +223,7 @@ impl RemoteScanExec {
         partitions: usize,
         batch_rows: usize,
         limit: Option<usize>,
+        row_index: Option<RowIndex>,
     ) -> Self {
         let n = chunks.len();
         let parts = partitions.min(n).max(1);
@@ -184,6 +248,7 @@ impl RemoteScanExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
             dynamic: Vec::new(),
+            row_index,
         }
     }
 }
@@ -278,6 +343,7 @@ impl ExecutionPlan for RemoteScanExec {
                 columns: Arc::new(self.columns.clone()),
                 schema: self.schema.clone(),
                 batch_rows: self.batch_rows,
+                row_index: self.row_index.clone(),
             },
             self.chunks[range].to_vec(),
             self.limit,
@@ -337,18 +403,16 @@ pub(crate) struct ChunkReader {
     pub(crate) schema: SchemaRef,
     /// Rows per batch at most.
     pub(crate) batch_rows: usize,
+    /// The row index column of `schema`, if it has one (not among `columns`).
+    pub(crate) row_index: Option<RowIndex>,
 }
 
 impl ChunkReader {
     fn read(&self, chunk: usize) -> DfResult<Vec<RecordBatch>> {
         let rows = self.frame.meta().chunks[chunk].rows as usize;
-        let whole = if self.columns.is_empty() {
-            // No column is needed (`count(*)`): batches of rows only.
-            RecordBatch::try_new_with_options(
-                self.schema.clone(),
-                vec![],
-                &RecordBatchOptions::new().with_row_count(Some(rows)),
-            )?
+        // No stored column is needed (`count(*)`): batches of rows only.
+        let mut arrays = if self.columns.is_empty() {
+            Vec::new()
         } else {
             let read = self
                 .frame
@@ -359,6 +423,16 @@ impl ChunkReader {
             };
             self.conform(&b)?
         };
+        if let Some(index) = &self.row_index {
+            let start = index.starts.get(chunk).copied().unwrap_or_default();
+            let positions = UInt64Array::from_iter_values(start..start + rows as u64);
+            arrays.insert(index.at.min(arrays.len()), Arc::new(positions));
+        }
+        let whole = RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            arrays,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?;
         if whole.num_rows() <= self.batch_rows {
             return Ok(vec![whole]);
         }
@@ -372,14 +446,21 @@ impl ChunkReader {
         Ok(out)
     }
 
-    /// Puts the scan's schema on a batch read: the names of a projection, and the
-    /// types a stage's consumer expects where the stored ones differ (frames hold no
-    /// 8- or 16-bit integers).
-    fn conform(&self, b: &RecordBatch) -> DfResult<RecordBatch> {
-        let columns: Vec<ArrayRef> = b
-            .columns()
+    /// Puts the scan's schema on the stored columns read: the types a stage's
+    /// consumer expects where the stored ones differ (frames hold no 8- or 16-bit
+    /// integers). The row index column is not among them.
+    fn conform(&self, b: &RecordBatch) -> DfResult<Vec<ArrayRef>> {
+        let index_at = self.row_index.as_ref().map(|i| i.at);
+        let fields = self
+            .schema
+            .fields()
             .iter()
-            .zip(self.schema.fields())
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != index_at)
+            .map(|(_, f)| f);
+        b.columns()
+            .iter()
+            .zip(fields)
             .map(|(a, f)| {
                 if a.data_type() == f.data_type() {
                     Ok(a.clone())
@@ -387,8 +468,7 @@ impl ChunkReader {
                     Ok(cast(a, f.data_type())?)
                 }
             })
-            .collect::<DfResult<_>>()?;
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+            .collect()
     }
 }
 

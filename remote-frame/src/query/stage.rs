@@ -546,6 +546,7 @@ impl ExecutionPlan for StageInputExec {
                 columns: Arc::new(columns),
                 schema: self.schema.clone(),
                 batch_rows: self.batch_rows,
+                row_index: None,
             },
             (0..chunks).collect(),
             None,
