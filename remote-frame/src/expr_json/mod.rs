@@ -258,8 +258,10 @@ pub fn output_name(v: &Value) -> Result<String> {
 /// Whether `e` contains an aggregate function call anywhere (not only at its top).
 ///
 /// The aggregations of this module are often an aggregate function inside a cast or an
-/// arithmetic expression (`count` is `CAST(count(x) AS UInt32)`); the caller splits
-/// such expressions with [`split_aggregates`] before `DataFrame::aggregate`.
+/// arithmetic expression (`count` is `CAST(count(x) AS UInt32)`). DataFusion 55's
+/// `DataFrame::aggregate` takes such expressions as they are (it pulls the aggregate
+/// calls out itself; tested here); [`split_aggregates`] does that split explicitly for
+/// a caller that needs the bare aggregate calls.
 pub fn is_aggregation(e: &Expr) -> bool {
     let mut found = false;
     // The closure never fails; a failure could only come from the traversal itself

@@ -1502,3 +1502,82 @@ fn malformed_trees() {
     assert_eq!(list.unwrap().len(), 2);
     assert!(list_from_json(r#"[{"op": "col", "name": "x"}, {"op": "nope"}]"#, &s).is_err());
 }
+
+#[test]
+fn aggregate_with_group_keys_directly_or_split() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+        let df = ctx.read_batch(frame()).unwrap();
+        let exprs = list_from_json(
+            &json!([
+                agg("n_unique", c("in")),
+                agg("sum", c("j")),
+                agg("first", c("i")),
+                json!({"op": "alias", "name": "m", "expr": agg("mean", c("g"))})
+            ])
+            .to_string(),
+            df.schema(),
+        )
+        .unwrap();
+        // DataFusion 55's aggregate also takes the wrapped calls as they are.
+        let direct = df
+            .clone()
+            .aggregate(vec![ident("b")], exprs.clone())
+            .unwrap()
+            .sort(vec![ident("b").sort(true, true)])
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let (aggs, projection) = split_aggregates(exprs).unwrap();
+        let mut select = vec![ident("b")];
+        select.extend(projection);
+        let out = df
+            .aggregate(vec![ident("b")], aggs)
+            .unwrap()
+            .select(select)
+            .unwrap()
+            .sort(vec![ident("b").sort(true, true)])
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(direct, out);
+        let out = &out[0];
+        let names: Vec<String> = out
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["b", "in", "j", "i", "m"]);
+        let col = |i: usize| {
+            (0..out.num_rows())
+                .map(|r| ScalarValue::try_from_array(out.column(i), r).unwrap())
+                .collect::<Vec<_>>()
+        };
+        // b = false: rows 1, 3; b = true: rows 0, 2.
+        assert_eq!(
+            col(1),
+            [ScalarValue::UInt32(Some(2)), ScalarValue::UInt32(Some(2))]
+        );
+        assert_eq!(
+            col(2),
+            [ScalarValue::Int32(Some(8)), ScalarValue::Int32(Some(6))]
+        );
+        assert_eq!(
+            col(3),
+            [ScalarValue::Int64(Some(-2)), ScalarValue::Int64(Some(1))]
+        );
+        assert_eq!(
+            col(4),
+            [
+                ScalarValue::Float32(Some(0.25)),
+                ScalarValue::Float32(Some(1.0))
+            ]
+        );
+    });
+}
