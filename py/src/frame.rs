@@ -139,8 +139,8 @@ impl PyFrameEnv {
         self.inner.local_bytes()
     }
 
-    /// Kernel counters: time_s, bytes_in, bytes_out, peak_local_bytes, partitions,
-    /// max_level, nested_loop_partitions.
+    /// Counters of the frame operations: time_s, bytes_in, bytes_out,
+    /// peak_local_bytes, spill_files.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let d = PyDict::new(py);
@@ -148,9 +148,7 @@ impl PyFrameEnv {
         d.set_item("bytes_in", s.bytes_in)?;
         d.set_item("bytes_out", s.bytes_out)?;
         d.set_item("peak_local_bytes", s.peak_local_bytes)?;
-        d.set_item("partitions", s.partitions)?;
-        d.set_item("max_level", s.max_level)?;
-        d.set_item("nested_loop_partitions", s.nested_loop_partitions)?;
+        d.set_item("spill_files", s.spill_files)?;
         Ok(d)
     }
 
@@ -223,6 +221,11 @@ pub struct PyFrame {
 }
 
 impl PyFrame {
+    /// The frame's schema, to type the expressions sent as JSON against.
+    fn expr_schema(&self) -> PyResult<DFSchema> {
+        frame_schema(&self.inner).map_err(frame_err)
+    }
+
     pub(crate) fn wrap(inner: RemoteFrame) -> Self {
         PyFrame { inner }
     }
@@ -373,11 +376,6 @@ impl PyFrame {
         })?;
         let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
         export_stream(py, Box::new(reader))
-    }
-
-    /// The frame's schema, to type the expressions sent as JSON against.
-    fn expr_schema(&self) -> PyResult<DFSchema> {
-        frame_schema(&self.inner).map_err(frame_err)
     }
 
     /// Rows where the predicate (expression JSON) is true.

@@ -368,8 +368,8 @@ class FrameEnv:
         return self._env.chunk_rows
 
     def stats(self) -> Dict[str, Any]:
-        """time_s, bytes_in, bytes_out, peak_local_bytes, partitions, max_level,
-        nested_loop_partitions (cumulative since creation or :meth:`reset_stats`)."""
+        """time_s, bytes_in, bytes_out, peak_local_bytes, spill_files (cumulative
+        since creation or :meth:`reset_stats`)."""
         return dict(self._env.stats())
 
     def reset_stats(self) -> None:

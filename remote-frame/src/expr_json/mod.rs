@@ -62,8 +62,7 @@
 //!   otherwise (`median` of integers is the float midpoint); `std`/`var` have
 //!   ddof 1; `first`/`last` take the first/last row even if null (no `ORDER BY`: the
 //!   caller keeps the input order). Several of these wrap the aggregate function in a
-//!   cast or an arithmetic expression; [`split_aggregates`] separates them for
-//!   `DataFrame::aggregate`.
+//!   cast or an arithmetic expression, which `DataFrame::aggregate` takes as it is.
 //! - **`is_in`**: a null input gives null, nulls in `values` match nothing, values that
 //!   do not fit the `dtype`'s range are dropped. **`between`** and **`when`** as Polars
 //!   (a null condition takes the next branch; no `otherwise` gives null; the branches
@@ -109,7 +108,6 @@
 mod round;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::functions::expr_fn::{abs, coalesce, floor, nullif};
 use datafusion::functions_aggregate::expr_fn::{
@@ -253,75 +251,6 @@ pub fn output_name(v: &Value) -> Result<String> {
             })
         }
     })
-}
-
-/// Whether `e` contains an aggregate function call anywhere (not only at its top).
-///
-/// The aggregations of this module are often an aggregate function inside a cast or an
-/// arithmetic expression (`count` is `CAST(count(x) AS UInt32)`). DataFusion 55's
-/// `DataFrame::aggregate` takes such expressions as they are (it pulls the aggregate
-/// calls out itself; tested here); [`split_aggregates`] does that split explicitly for
-/// a caller that needs the bare aggregate calls.
-pub fn is_aggregation(e: &Expr) -> bool {
-    let mut found = false;
-    // The closure never fails; a failure could only come from the traversal itself
-    // and then `found` keeps what was seen.
-    let _ = e.apply(|node| {
-        if matches!(node, Expr::AggregateFunction(_)) {
-            found = true;
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
-/// Splits aggregation expressions into the aggregate function calls DataFusion's
-/// `DataFrame::aggregate` takes and the projection that finishes them.
-///
-/// Returns `(aggregates, projection)`: `aggregates` are the distinct aggregate function
-/// calls found in `exprs`, each aliased `__agg_<i>`; `projection` has one expression
-/// per input expression (same order, same alias), with each aggregate call replaced by
-/// the column `__agg_<i>`. Run `df.aggregate(group_by, aggregates)?` then
-/// `select(group columns + projection)`. A column referenced outside any aggregate
-/// call stays a column reference in the projection (there it can only name a group
-/// column).
-///
-/// # Errors
-/// Only if DataFusion's tree traversal fails (it does not for these rewrites).
-pub fn split_aggregates(exprs: Vec<Expr>) -> datafusion::common::Result<(Vec<Expr>, Vec<Expr>)> {
-    let mut calls: Vec<Expr> = Vec::new();
-    let mut projection = Vec::with_capacity(exprs.len());
-    for e in exprs {
-        let rewritten = e.transform_down(|node| {
-            if !matches!(node, Expr::AggregateFunction(_)) {
-                return Ok(Transformed::no(node));
-            }
-            let i = match calls.iter().position(|c| c == &node) {
-                Some(i) => i,
-                None => {
-                    calls.push(node);
-                    calls.len() - 1
-                }
-            };
-            Ok(Transformed::new(
-                ident(agg_column(i)),
-                true,
-                TreeNodeRecursion::Jump,
-            ))
-        })?;
-        projection.push(rewritten.data);
-    }
-    let aggregates = calls
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| c.alias(agg_column(i)))
-        .collect();
-    Ok((aggregates, projection))
-}
-
-fn agg_column(i: usize) -> String {
-    format!("__agg_{i}")
 }
 
 /// A data type from its name (case-insensitive): `bool`/`boolean`, `int8`..`int64`,

@@ -15,6 +15,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use serde_json::{json, Value};
 
 use super::*;
+use crate::query::has_aggregate;
 
 /// The table the tests run on: the first five columns are the old Polars test frame.
 fn frame() -> RecordBatch {
@@ -154,7 +155,8 @@ impl Out {
 }
 
 /// Evaluates the tree over [`frame`] (rows where `filter` holds, if given), as one
-/// column; aggregations through [`split_aggregates`] and `DataFrame::aggregate`.
+/// column; aggregations through `DataFrame::aggregate` (which takes aggregate calls
+/// inside casts and arithmetic as they are).
 fn run(tree: &Value, filter: Option<&Value>) -> Result<Out, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -168,12 +170,8 @@ fn run(tree: &Value, filter: Option<&Value>) -> Result<Out, String> {
             df = df.filter(p.unalias()).map_err(s)?;
         }
         let e = to_expr(tree, df.schema()).map_err(|e| e.to_string())?;
-        let df = if is_aggregation(&e) {
-            let (aggs, projection) = split_aggregates(vec![e]).map_err(s)?;
-            df.aggregate(vec![], aggs)
-                .map_err(s)?
-                .select(projection)
-                .map_err(s)?
+        let df = if has_aggregate(&e) {
+            df.aggregate(vec![], vec![e]).map_err(s)?
         } else {
             df.select(vec![e]).map_err(s)?
         };
@@ -1145,32 +1143,6 @@ fn aggregations_over_no_rows_and_one_row() {
 }
 
 #[test]
-fn split_aggregates_for_data_frame_aggregate() {
-    let s = schema();
-    let e = |tree: Value| to_expr(&tree, &s).unwrap();
-    let n_unique = e(agg("n_unique", c("i")));
-    let count = e(agg("count", c("i")));
-    let plain = e(bin("add", c("j"), l(json!(1))));
-    assert!(is_aggregation(&n_unique));
-    assert!(is_aggregation(&count));
-    assert!(!is_aggregation(&plain));
-    let (aggs, projection) = split_aggregates(vec![n_unique, count]).unwrap();
-    // count(i) and count(1) of n_unique are shared with count's count(i).
-    assert_eq!(aggs.len(), 3, "{aggs:?}");
-    for (i, a) in aggs.iter().enumerate() {
-        let Expr::Alias(alias) = a else {
-            panic!("{a} is not aliased")
-        };
-        assert_eq!(alias.name, format!("__agg_{i}"));
-        assert!(matches!(*alias.expr, Expr::AggregateFunction(_)), "{a}");
-    }
-    assert_eq!(projection.len(), 2);
-    assert!(projection.iter().all(|p| !is_aggregation(p)));
-    assert_eq!(projection[0].schema_name().to_string(), "i");
-    assert_eq!(projection[1].schema_name().to_string(), "i");
-}
-
-#[test]
 fn is_in_of_each_value_type() {
     let is_in = |column: &str, vals: Value, dtype: &str| json!({"op": "is_in", "expr": c(column), "values": vals, "dtype": dtype});
     bools(is_in("j", json!([3, 5]), "int32"), "j", &[F, T, F, T]);
@@ -1522,30 +1494,15 @@ fn aggregate_with_group_keys_directly_or_split() {
             df.schema(),
         )
         .unwrap();
-        // DataFusion 55's aggregate also takes the wrapped calls as they are.
-        let direct = df
-            .clone()
-            .aggregate(vec![ident("b")], exprs.clone())
-            .unwrap()
-            .sort(vec![ident("b").sort(true, true)])
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let (aggs, projection) = split_aggregates(exprs).unwrap();
-        let mut select = vec![ident("b")];
-        select.extend(projection);
+        // DataFusion's aggregate takes the wrapped calls as they are.
         let out = df
-            .aggregate(vec![ident("b")], aggs)
-            .unwrap()
-            .select(select)
+            .aggregate(vec![ident("b")], exprs)
             .unwrap()
             .sort(vec![ident("b").sort(true, true)])
             .unwrap()
             .collect()
             .await
             .unwrap();
-        assert_eq!(direct, out);
         let out = &out[0];
         let names: Vec<String> = out
             .schema()

@@ -95,6 +95,8 @@ use crate::frame::{FrameWriter, RemoteFrame};
 use crate::interop;
 pub use lazy::{expr, LazyQuery};
 pub use verbs::frame_schema;
+#[cfg(test)]
+pub(crate) use verbs::has_aggregate;
 use peak::PeakPool;
 use scan::RemoteTable;
 use spill::{RemoteSpillFactory, SpillCounters};

@@ -14,9 +14,8 @@
 
 use std::collections::HashSet;
 
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema};
-use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{Expr, JoinType, SortExpr};
 
 use super::{LazyQuery, QuerySession};
@@ -44,7 +43,7 @@ fn qualified(table: &str, name: &str) -> Expr {
 }
 
 /// Whether `e` contains an aggregate function.
-fn has_aggregate(e: &Expr) -> bool {
+pub(crate) fn has_aggregate(e: &Expr) -> bool {
     e.exists(|x| Ok(matches!(x, Expr::AggregateFunction(_))))
         .unwrap_or(false)
 }
@@ -81,49 +80,6 @@ fn in_frame_order(e: Expr) -> Result<Expr> {
         other => Ok(Transformed::no(other)),
     });
     Ok(ordered.map_err(super::query_error)?.data)
-}
-
-/// Splits aggregate expressions into the aggregate calls they contain (each once,
-/// named `__scad_agg{i}`) and, per expression, the projection over those calls'
-/// results that finishes it under its output name: `cast(count(x) AS UInt32)`
-/// becomes the call `count(x)` and the projection `cast(__scad_agg0 AS UInt32)`.
-fn split_aggregates(aggs: Vec<Expr>) -> Result<(Vec<Expr>, Vec<Expr>)> {
-    let mut calls: Vec<Expr> = Vec::new();
-    let mut finish = Vec::with_capacity(aggs.len());
-    for e in aggs {
-        let name = output_name(&e);
-        let body = match e {
-            Expr::Alias(a) => *a.expr,
-            other => other,
-        };
-        let rewritten = body
-            .transform_down(|x| match x {
-                Expr::AggregateFunction(AggregateFunction { .. }) => {
-                    let at = match calls.iter().position(|c| c == &x) {
-                        Some(at) => at,
-                        None => {
-                            calls.push(x);
-                            calls.len() - 1
-                        }
-                    };
-                    Ok(Transformed::new(
-                        column(&format!("__scad_agg{at}")),
-                        true,
-                        TreeNodeRecursion::Jump,
-                    ))
-                }
-                other => Ok(Transformed::no(other)),
-            })
-            .map_err(super::query_error)?
-            .data;
-        finish.push(rewritten.alias(name));
-    }
-    let calls = calls
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| c.alias(format!("__scad_agg{i}")))
-        .collect();
-    Ok((calls, finish))
 }
 
 /// The sides of a join: which left and right columns the output keeps, in order,
@@ -351,12 +307,8 @@ impl RemoteFrame {
         } else {
             aggs
         };
-        let (calls, finish) = split_aggregates(aggs)?;
-        let mut projection: Vec<Expr> = keys.iter().map(|k| column(&output_name(k))).collect();
-        projection.extend(finish);
-        self.run_verb(false, row_index, move |q| {
-            q.aggregate(keys, calls)?.select(projection)
-        })
+        // DataFusion takes aggregate calls inside casts and arithmetic as they are.
+        self.run_verb(false, row_index, move |q| q.aggregate(keys, aggs))
     }
 
     /// Joins `right` where `left_on` equals `right_on` (pairwise, one or more
