@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
 use arrow_schema::{ArrowError, SchemaRef};
+use datafusion::common::DFSchema;
+use datafusion::logical_expr::{ident, SortExpr};
 use pyo3::exceptions::{PyKeyError, PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
-use datafusion::common::DFSchema;
-use datafusion::logical_expr::{ident, SortExpr};
 use scad_remote_frame::expr_json::{self, ExprJsonError};
 use scad_remote_frame::query::frame_schema;
 use scad_remote_frame::{

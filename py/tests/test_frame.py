@@ -185,7 +185,7 @@ def test_select_and_with_columns_match_polars(data):
     assert_frame_equal(got.to_polars(), want)
 
 
-@pytest.mark.parametrize("how", ["inner", "left", "semi", "anti"])
+@pytest.mark.parametrize("how", ["inner", "left", "right", "full", "semi", "anti"])
 def test_joins_on_one_and_two_keys_match_polars(env, data, how):
     df, rf = data
     dim = pl.DataFrame({"dk": pl.Series(list(range(0, 60, 2)) * 2, dtype=pl.Int64),

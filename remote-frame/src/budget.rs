@@ -68,14 +68,6 @@ impl Budget {
     pub fn is_unlimited(self) -> bool {
         self == Budget::Unlimited
     }
-
-    /// The limit in bytes, `u64::MAX` without one: for sizing arithmetic (shares of
-    /// the budget, clamped to a cap), where no limit sizes like the largest one.
-    /// Whether there is a limit is asked with [`Budget::limit`], never by comparing
-    /// with this.
-    pub(crate) fn saturating_bytes(self) -> u64 {
-        self.limit().unwrap_or(u64::MAX)
-    }
 }
 
 impl From<NonZeroU64> for Budget {
@@ -115,8 +107,6 @@ mod tests {
         assert!(b.allows(4096) && !b.allows(4097));
         assert!(Budget::Unlimited.allows(u64::MAX));
         assert_eq!(Budget::Unlimited.limit(), None);
-        assert_eq!(Budget::Unlimited.saturating_bytes(), u64::MAX);
-        assert_eq!(b.saturating_bytes(), 4096);
         assert_eq!(b.to_string(), "4096 bytes");
         assert_eq!(Budget::Unlimited.to_string(), "unlimited");
     }

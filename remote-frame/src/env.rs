@@ -169,12 +169,7 @@ impl FrameEnv {
     /// Zeroes the counters (the peak restarts from what is held now).
     pub fn reset_stats(&self) {
         let c = &self.inner.counters;
-        for a in [
-            &c.bytes_in,
-            &c.bytes_out,
-            &c.spill_files,
-            &c.time_ns,
-        ] {
+        for a in [&c.bytes_in, &c.bytes_out, &c.spill_files, &c.time_ns] {
             a.store(0, Ordering::Relaxed);
         }
         c.peak

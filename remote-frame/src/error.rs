@@ -30,6 +30,7 @@ pub enum Error {
     },
 
     /// Polars failed while evaluating an expression or a per-batch operation.
+    #[cfg(feature = "polars")]
     #[error("polars: {0}")]
     Polars(Box<polars::prelude::PolarsError>),
 
@@ -185,6 +186,7 @@ impl From<scad_remote_array::Error> for Error {
     }
 }
 
+#[cfg(feature = "polars")]
 impl From<polars::prelude::PolarsError> for Error {
     fn from(e: polars::prelude::PolarsError) -> Self {
         Error::Polars(Box::new(e))

@@ -6,13 +6,11 @@ use std::sync::Arc;
 use arrow_array::{RecordBatch, RecordBatchOptions};
 use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
 use datafusion::arrow::compute::concat_batches;
-use polars::prelude::{DataFrame, Schema};
 use scad_core::{ReadOp, WriteOp};
 
 use crate::codec::{self, EncodedColumn};
 use crate::env::FrameEnv;
 use crate::error::{Error, Result};
-use crate::interop;
 use crate::meta::{
     chunk_column_bytes, BufferRef, ChunkMeta, ColumnChunk, ColumnMeta, FrameMeta, BUFFER_ALIGN,
     LAYOUT_VERSION,
@@ -41,19 +39,6 @@ struct FrameState {
 }
 
 impl RemoteFrame {
-    /// Writes `df` to the env's memory elements in chunks of
-    /// [`FrameEnv::chunk_rows`] rows.
-    ///
-    /// # Errors
-    /// [`Error::UnsupportedType`] for a column type this crate cannot store;
-    /// allocation and transport errors.
-    pub fn from_polars(env: &FrameEnv, df: &DataFrame) -> Result<Self> {
-        let _t = env.timer();
-        let mut w = FrameWriter::new(env);
-        w.push(df)?;
-        w.finish()
-    }
-
     /// Opens a frame from its metadata, checking it, that the environment knows every
     /// memory element it names, and that memory still holds the frame: its seal and
     /// the head of every chunk (one small vectored read per memory element; see
@@ -138,8 +123,8 @@ impl RemoteFrame {
     }
 
     /// Checks that the frame was not freed and that memory still holds it: one
-    /// 64-byte read of its seal. Reads ([`RemoteFrame::to_polars`],
-    /// [`RemoteFrame::batches`], query scans) do this before they start.
+    /// 64-byte read of its seal. Reads ([`RemoteFrame::to_record_batches`],
+    /// [`RemoteFrame::record_batches`], query scans) do this before they start.
     ///
     /// # Errors
     /// [`Error::Freed`]; [`Error::Stale`] when the seal was zeroed (the frame was
@@ -183,18 +168,6 @@ impl RemoteFrame {
         self.meta.column_names()
     }
 
-    /// The Polars schema (no data is read): Polars' reading of the Arrow types.
-    ///
-    /// # Errors
-    /// As [`RemoteFrame::arrow_schema`]; [`Error::Polars`].
-    pub fn schema(&self) -> Result<Schema> {
-        let empty = RecordBatch::new_empty(self.arrow_schema()?);
-        Ok(interop::from_record_batches(&[empty])?
-            .schema()
-            .as_ref()
-            .clone())
-    }
-
     /// The arrow-rs schema (no data is read); every column nullable.
     ///
     /// # Errors
@@ -220,35 +193,16 @@ impl RemoteFrame {
             .collect()
     }
 
-    /// Reads the whole frame (after [`RemoteFrame::check_seal`]).
+    /// Reads the whole frame as arrow-rs record batches, one per stored chunk (after
+    /// [`RemoteFrame::check_seal`]).
     ///
     /// # Errors
     /// [`Error::Freed`], [`Error::Stale`]; transport errors; [`Error::Meta`] when the
     /// stored bytes do not form valid arrays.
-    pub fn to_polars(&self) -> Result<DataFrame> {
-        self.check_seal()?;
-        let all: Vec<usize> = (0..self.meta.schema.len()).collect();
-        self.polars_chunks(&all, 0..self.meta.chunks.len())
-    }
-
-    /// Reads the whole frame as arrow-rs record batches, one per stored chunk.
-    ///
-    /// # Errors
-    /// As [`RemoteFrame::to_polars`].
     pub fn to_record_batches(&self) -> Result<Vec<RecordBatch>> {
         self.check_seal()?;
         let all: Vec<usize> = (0..self.meta.schema.len()).collect();
         self.read_chunks(&all, 0..self.meta.chunks.len())
-    }
-
-    /// Reads the named columns only (a projection: other columns are not moved).
-    ///
-    /// # Errors
-    /// [`Error::UnknownColumn`], and as [`RemoteFrame::to_polars`].
-    pub fn select_columns<S: AsRef<str>>(&self, names: &[S]) -> Result<DataFrame> {
-        let cols = self.column_indices(names)?;
-        self.check_seal()?;
-        self.polars_chunks(&cols, 0..self.meta.chunks.len())
     }
 
     /// Reads the named columns only, as arrow-rs record batches (one per stored chunk).
@@ -259,35 +213,6 @@ impl RemoteFrame {
         let cols = self.column_indices(names)?;
         self.check_seal()?;
         self.read_chunks(&cols, 0..self.meta.chunks.len())
-    }
-
-    /// Chunks `range` of columns `cols` as one DataFrame (one Polars chunk per stored
-    /// chunk; the arrays are shared, not copied).
-    pub(crate) fn polars_chunks(
-        &self,
-        cols: &[usize],
-        range: std::ops::Range<usize>,
-    ) -> Result<DataFrame> {
-        let mut batches = self.read_chunks(cols, range)?;
-        if batches.is_empty() {
-            batches.push(RecordBatch::new_empty(self.arrow_schema_of(cols)?));
-        }
-        interop::from_record_batches(&batches)
-    }
-
-    /// Streams the named columns (all if `columns` is `None`) as batches of whole
-    /// chunks holding about `batch_bytes` bytes each (at least one chunk per batch).
-    /// The next batch is fetched while the caller works on the current one.
-    ///
-    /// # Errors
-    /// [`Error::UnknownColumn`]; as [`RemoteFrame::check_seal`]; each batch may fail as
-    /// [`RemoteFrame::to_polars`].
-    pub fn batches<S: AsRef<str>>(
-        &self,
-        columns: Option<&[S]>,
-        batch_bytes: u64,
-    ) -> Result<Batches> {
-        self.batches_with(columns, batch_bytes, Self::polars_chunks)
     }
 
     /// As [`RemoteFrame::batches`], each batch as its chunks' arrow-rs record batches
@@ -483,7 +408,7 @@ impl RemoteFrame {
 }
 
 /// Batches of a frame; see [`RemoteFrame::batches`].
-pub struct Batches<T = DataFrame> {
+pub struct Batches<T> {
     frame: RemoteFrame,
     cols: Vec<usize>,
     groups: std::vec::IntoIter<std::ops::Range<usize>>,
@@ -566,7 +491,7 @@ impl<T> Drop for Batches<T> {
     }
 }
 
-/// Writes record batches (or Polars DataFrames) chunk by chunk into a new
+/// Writes record batches chunk by chunk into a new
 /// [`RemoteFrame`].
 pub struct FrameWriter {
     env: FrameEnv,
@@ -614,17 +539,6 @@ impl FrameWriter {
         Ok(w)
     }
 
-    /// A writer for the given Polars schema (so an empty result keeps its columns).
-    ///
-    /// # Errors
-    /// [`Error::UnsupportedType`].
-    pub fn with_schema(env: &FrameEnv, schema: &Schema) -> Result<Self> {
-        let empty = DataFrame::empty_with_schema(schema);
-        let mut w = Self::new(env);
-        w.schema = Some(schema_meta(polars_arrow_schema(&empty)?.as_ref())?);
-        Ok(w)
-    }
-
     /// Rows pushed so far.
     pub fn rows(&self) -> u64 {
         self.rows
@@ -632,32 +546,6 @@ impl FrameWriter {
                 .pending
                 .as_ref()
                 .map_or(0, |(_, rows, _, _)| *rows as u64)
-    }
-
-    /// Appends a Polars DataFrame, cut into chunks of the env's chunk size.
-    ///
-    /// # Errors
-    /// As [`FrameWriter::push_batch`].
-    pub fn push(&mut self, df: &DataFrame) -> Result<()> {
-        if df.height() == 0 {
-            // Nothing to write, but the columns say what the frame holds.
-            let schema = polars_arrow_schema(df)?;
-            return self.check_schema(&schema);
-        }
-        let step = self.env.chunk_rows();
-        let mut off = 0;
-        while off < df.height() {
-            let len = step.min(df.height() - off);
-            // One Polars chunk per slice, so it becomes one record batch (one copy
-            // only where the slice spans several chunks).
-            let mut slice = df.slice(off as i64, len);
-            slice.rechunk_mut();
-            for batch in interop::to_record_batches(&slice)? {
-                self.push_batch(&batch)?;
-            }
-            off += len;
-        }
-        Ok(())
     }
 
     /// Appends a record batch, cut into chunks of the env's chunk size.
@@ -673,9 +561,7 @@ impl FrameWriter {
             if rows == 0 {
                 return Ok(());
             }
-            // Sized as Polars sizes DataFrames, like the rest of the kernels' holds.
-            let bytes =
-                interop::from_record_batches(std::slice::from_ref(batch))?.estimated_size() as u64;
+            let bytes = batch.get_array_memory_size() as u64;
             let gathered = match self.pending.take() {
                 Some((mut p, n, b, held)) => {
                     p.push(batch.clone());
@@ -838,21 +724,6 @@ impl Drop for FrameWriter {
     }
 }
 
-/// The arrow-rs schema Polars exports `df`'s columns as.
-fn polars_arrow_schema(df: &DataFrame) -> Result<SchemaRef> {
-    let empty = df.clear();
-    match interop::to_record_batches(&empty)?.first() {
-        Some(b) => Ok(b.schema()),
-        None => Ok(Arc::new(ArrowSchema::new(
-            empty
-                .get_column_names()
-                .iter()
-                .map(|n| Field::new(n.as_str(), arrow_schema::DataType::Null, true))
-                .collect::<Vec<_>>(),
-        ))),
-    }
-}
-
 pub(crate) fn schema_meta(schema: &ArrowSchema) -> Result<Vec<ColumnMeta>> {
     schema
         .fields()
@@ -905,36 +776,182 @@ fn check_same_schema(want: &[ColumnMeta], got: &[ColumnMeta]) -> Result<()> {
     Ok(())
 }
 
-impl RemoteFrame {
-    /// Applies `f` to every batch (a Polars lazy frame of a few chunks) and writes
-    /// the results to a new frame: any row-wise Polars query streams through memory
-    /// this way, a batch of about a quarter of the budget (at most 64 MiB) at a time.
-    ///
-    /// # Errors
-    /// Polars errors from `f`; transport and allocation errors.
-    pub fn map_batches<F>(&self, f: F) -> Result<RemoteFrame>
-    where
-        F: Fn(polars::prelude::LazyFrame) -> polars::prelude::LazyFrame,
-    {
-        use polars::prelude::IntoLazy;
-        const STREAM_CAP: u64 = 64 << 20;
-        let env = self.env();
-        let _t = env.timer();
-        let batch_bytes = (env.budget().saturating_bytes() / 4).clamp(1, STREAM_CAP);
-        let mut w = FrameWriter::new(env).coalescing();
-        for b in self.batches::<&str>(None, batch_bytes)? {
-            let b = b?;
-            let read = b.estimated_size() as u64;
-            let mut held = env.hold(read);
-            let out = f(b.lazy()).collect()?;
-            held.set(read + out.estimated_size() as u64);
-            w.push(&out)?;
+/// Polars `DataFrame`s in and out (feature `polars`): converted at the edge through
+/// the Arrow C data interface, sharing buffers. Nothing on the query path uses them.
+#[cfg(feature = "polars")]
+mod polars_edge {
+    use std::sync::Arc;
+
+    use arrow_array::RecordBatch;
+    use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
+    use polars::prelude::{DataFrame, Schema};
+
+    use super::{schema_meta, Batches, FrameWriter, RemoteFrame};
+    use crate::env::FrameEnv;
+    use crate::error::Result;
+    use crate::interop;
+
+    impl RemoteFrame {
+        /// Writes `df` to the env's memory elements in chunks of
+        /// [`FrameEnv::chunk_rows`] rows.
+        ///
+        /// # Errors
+        /// [`Error::UnsupportedType`] for a column type this crate cannot store;
+        /// allocation and transport errors.
+        pub fn from_polars(env: &FrameEnv, df: &DataFrame) -> Result<Self> {
+            let _t = env.timer();
+            let mut w = FrameWriter::new(env);
+            w.push(df)?;
+            w.finish()
         }
-        if w.rows() == 0 {
+
+        /// The Polars schema (no data is read): Polars' reading of the Arrow types.
+        ///
+        /// # Errors
+        /// As [`RemoteFrame::arrow_schema`]; [`Error::Polars`].
+        pub fn schema(&self) -> Result<Schema> {
+            let empty = RecordBatch::new_empty(self.arrow_schema()?);
+            Ok(interop::from_record_batches(&[empty])?
+                .schema()
+                .as_ref()
+                .clone())
+        }
+
+        /// Reads the whole frame (after [`RemoteFrame::check_seal`]).
+        ///
+        /// # Errors
+        /// [`Error::Freed`], [`Error::Stale`]; transport errors; [`Error::Meta`] when the
+        /// stored bytes do not form valid arrays.
+        pub fn to_polars(&self) -> Result<DataFrame> {
+            self.check_seal()?;
             let all: Vec<usize> = (0..self.meta.schema.len()).collect();
-            let out = f(self.polars_chunks(&all, 0..0)?.lazy()).collect()?;
-            w.push(&out)?;
+            self.polars_chunks(&all, 0..self.meta.chunks.len())
         }
-        w.finish()
+
+        /// Reads the named columns only (a projection: other columns are not moved).
+        ///
+        /// # Errors
+        /// [`Error::UnknownColumn`], and as [`RemoteFrame::to_polars`].
+        pub fn select_columns<S: AsRef<str>>(&self, names: &[S]) -> Result<DataFrame> {
+            let cols = self.column_indices(names)?;
+            self.check_seal()?;
+            self.polars_chunks(&cols, 0..self.meta.chunks.len())
+        }
+
+        /// Chunks `range` of columns `cols` as one DataFrame (one Polars chunk per stored
+        /// chunk; the arrays are shared, not copied).
+        pub(crate) fn polars_chunks(
+            &self,
+            cols: &[usize],
+            range: std::ops::Range<usize>,
+        ) -> Result<DataFrame> {
+            let mut batches = self.read_chunks(cols, range)?;
+            if batches.is_empty() {
+                batches.push(RecordBatch::new_empty(self.arrow_schema_of(cols)?));
+            }
+            interop::from_record_batches(&batches)
+        }
+
+        /// Streams the named columns (all if `columns` is `None`) as batches of whole
+        /// chunks holding about `batch_bytes` bytes each (at least one chunk per batch).
+        /// The next batch is fetched while the caller works on the current one.
+        ///
+        /// # Errors
+        /// [`Error::UnknownColumn`]; as [`RemoteFrame::check_seal`]; each batch may fail as
+        /// [`RemoteFrame::to_polars`].
+        pub fn batches<S: AsRef<str>>(
+            &self,
+            columns: Option<&[S]>,
+            batch_bytes: u64,
+        ) -> Result<Batches<DataFrame>> {
+            self.batches_with(columns, batch_bytes, Self::polars_chunks)
+        }
+
+        /// Applies `f` to every batch (a Polars lazy frame of a few chunks) and writes
+        /// the results to a new frame: any row-wise Polars query streams through memory
+        /// this way, a batch of about a quarter of the budget (at most 64 MiB) at a time.
+        ///
+        /// # Errors
+        /// Polars errors from `f`; transport and allocation errors.
+        pub fn map_batches<F>(&self, f: F) -> Result<RemoteFrame>
+        where
+            F: Fn(polars::prelude::LazyFrame) -> polars::prelude::LazyFrame,
+        {
+            use polars::prelude::IntoLazy;
+            const STREAM_CAP: u64 = 64 << 20;
+            let env = self.env();
+            let _t = env.timer();
+            let budget = env.budget().limit().unwrap_or(u64::MAX);
+            let batch_bytes = (budget / 4).clamp(1, STREAM_CAP);
+            let mut w = FrameWriter::new(env).coalescing();
+            for b in self.batches::<&str>(None, batch_bytes)? {
+                let b = b?;
+                let read = b.estimated_size() as u64;
+                let mut held = env.hold(read);
+                let out = f(b.lazy()).collect()?;
+                held.set(read + out.estimated_size() as u64);
+                w.push(&out)?;
+            }
+            if w.rows() == 0 {
+                let all: Vec<usize> = (0..self.meta.schema.len()).collect();
+                let out = f(self.polars_chunks(&all, 0..0)?.lazy()).collect()?;
+                w.push(&out)?;
+            }
+            w.finish()
+        }
+    }
+
+    impl FrameWriter {
+        /// A writer for the given Polars schema (so an empty result keeps its columns).
+        ///
+        /// # Errors
+        /// [`Error::UnsupportedType`].
+        pub fn with_schema(env: &FrameEnv, schema: &Schema) -> Result<Self> {
+            let empty = DataFrame::empty_with_schema(schema);
+            let mut w = Self::new(env);
+            w.schema = Some(schema_meta(polars_arrow_schema(&empty)?.as_ref())?);
+            Ok(w)
+        }
+
+        /// Appends a Polars DataFrame, cut into chunks of the env's chunk size.
+        ///
+        /// # Errors
+        /// As [`FrameWriter::push_batch`].
+        pub fn push(&mut self, df: &DataFrame) -> Result<()> {
+            if df.height() == 0 {
+                // Nothing to write, but the columns say what the frame holds.
+                let schema = polars_arrow_schema(df)?;
+                return self.check_schema(&schema);
+            }
+            let step = self.env.chunk_rows();
+            let mut off = 0;
+            while off < df.height() {
+                let len = step.min(df.height() - off);
+                // One Polars chunk per slice, so it becomes one record batch (one copy
+                // only where the slice spans several chunks).
+                let mut slice = df.slice(off as i64, len);
+                slice.rechunk_mut();
+                for batch in interop::to_record_batches(&slice)? {
+                    self.push_batch(&batch)?;
+                }
+                off += len;
+            }
+            Ok(())
+        }
+    }
+
+    /// The arrow-rs schema Polars exports `df`'s columns as.
+    fn polars_arrow_schema(df: &DataFrame) -> Result<SchemaRef> {
+        let empty = df.clear();
+        match interop::to_record_batches(&empty)?.first() {
+            Some(b) => Ok(b.schema()),
+            None => Ok(Arc::new(ArrowSchema::new(
+                empty
+                    .get_column_names()
+                    .iter()
+                    .map(|n| Field::new(n.as_str(), arrow_schema::DataType::Null, true))
+                    .collect::<Vec<_>>(),
+            ))),
+        }
     }
 }

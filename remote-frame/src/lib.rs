@@ -98,17 +98,19 @@ pub mod env;
 pub mod error;
 pub mod expr_json;
 pub mod frame;
+#[cfg(feature = "polars")]
 mod interop;
 pub mod meta;
 pub mod query;
 pub mod seal;
 
 pub use budget::Budget;
+pub use datafusion::logical_expr::JoinType;
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
 pub use error::{Error, NameKind, Result};
 pub use frame::{Batches, FrameWriter, RemoteFrame};
 pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};
-pub use datafusion::logical_expr::JoinType;
+#[cfg(feature = "polars")]
 pub use polars::prelude::DataFrame;
 pub use query::{QueryOutput, QuerySession, QueryStats, Stage, StageOutput, StagePlan};
 pub use seal::{Seal, SEAL_BYTES};
@@ -135,6 +137,7 @@ impl RemoteFrame {
     }
 }
 
+#[cfg(feature = "polars")]
 /// Converts a Polars DataFrame to arrow-rs record batches (one per chunk).
 ///
 /// # Errors
@@ -143,6 +146,7 @@ pub fn dataframe_to_record_batches(df: &DataFrame) -> Result<Vec<arrow_array::Re
     interop::to_record_batches(df)
 }
 
+#[cfg(feature = "polars")]
 /// Converts arrow-rs record batches (one schema) to a Polars DataFrame.
 ///
 /// # Errors

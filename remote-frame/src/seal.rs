@@ -12,7 +12,7 @@
 //! * Opening a frame from metadata ([`crate::RemoteFrame::open`]) reads the seal and
 //!   every chunk's head (one vectored read per memory element) and refuses a frame
 //!   that does not match with [`Error::Stale`].
-//! * Reading a frame (`to_polars`, `batches`, each partition of a query's scan) reads
+//! * Reading a frame (`to_record_batches`, `record_batches`, each partition of a query's scan) reads
 //!   the seal again first: 64 bytes.
 //! * Freeing a frame zeroes its seal before its memory goes back to the allocators,
 //!   so metadata of a freed frame no longer opens, in this process or another, even

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use common::{available, env, Backend};
 use polars::prelude::*;
-use scad_remote_frame::query::expr as q;
 use scad_core::transport::{LocalTransport, TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
+use scad_remote_frame::query::expr as q;
 use scad_remote_frame::{
     Budget, Error, FrameEnv, FrameMeta, FrameWriter, JoinType, QuerySession, RemoteFrame,
 };
@@ -92,7 +92,10 @@ fn a_freed_handle_refuses_every_use_and_never_reads_the_next_frame() {
         assert!(is_freed(&h.to_json(), &nonce));
         assert!(is_freed(&h.check_seal(), &nonce));
         assert!(is_freed(&h.filter(q::col("a").gt(q::lit(1))), &nonce));
-        assert!(is_freed(&h.group_by(&["a"], [q::count(q::col("a"))]), &nonce));
+        assert!(is_freed(
+            &h.group_by(&["a"], [q::count(q::col("a"))]),
+            &nonce
+        ));
         assert!(is_freed(&sql_sum(&env, h), &nonce));
         // Freeing twice is refused before the allocators are touched.
         let before = env.elements().allocation_state();
@@ -145,7 +148,9 @@ fn metadata_of_a_freed_frame_is_refused_until_and_after_its_memory_is_reused() {
         opened.group_by(&["a"], [q::count(q::col("a"))]).map(drop)
     ));
     assert!(freed(opened.distinct::<&str>(None).map(drop)));
-    assert!(freed(opened.sort(vec![q::col("a").sort(true, false)]).map(drop)));
+    assert!(freed(
+        opened.sort(vec![q::col("a").sort(true, false)]).map(drop)
+    ));
     assert!(freed(opened.limit(5).map(drop)));
     let live = RemoteFrame::from_polars(&env, &table(3)).unwrap();
     for join in [

@@ -234,11 +234,7 @@ fn group_by_and_distinct_match_polars_at_all_budgets() {
     assert_eq!(got.schema(), want.schema());
     assert_eq!(got.height(), 0);
     // Distinct on a subset: one row per key, each a row of the frame.
-    let got = frame
-        .distinct(Some(&["k2"]))
-        .unwrap()
-        .to_polars()
-        .unwrap();
+    let got = frame.distinct(Some(&["k2"])).unwrap().to_polars().unwrap();
     assert_eq!(got.height(), df.column("k2").unwrap().n_unique().unwrap());
     assert_eq!(got.width(), df.width());
 }
@@ -315,7 +311,11 @@ fn filter_project_sort_limit_match_polars() {
         .to_polars()
         .unwrap();
     assert_eq!(got.width(), df.width() + 1);
-    assert_eq!(got.get_column_names()[0].as_str(), "k1", "replaced in place");
+    assert_eq!(
+        got.get_column_names()[0].as_str(),
+        "k1",
+        "replaced in place"
+    );
     let zeros = pl::Series::new("k1".into(), vec![0i64; got.height()]);
     assert!(got
         .column("k1")
@@ -375,9 +375,7 @@ fn verb_errors_are_clear() {
     );
     let err = a.join(&b, ["a", "s"], ["b"], JoinType::Inner).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    let unknown = |err: &Error, col: &str| {
-        matches!(err, Error::UnknownName { kind: NameKind::Column, name, .. } if name.ends_with(col))
-    };
+    let unknown = |err: &Error, col: &str| matches!(err, Error::UnknownName { kind: NameKind::Column, name, .. } if name.ends_with(col));
     let err = a.filter(col("nope").eq(lit(1))).unwrap_err();
     assert!(unknown(&err, "nope"), "{err}");
     let err = a.group_by(&["a"], [sum(col("missing"))]).unwrap_err();

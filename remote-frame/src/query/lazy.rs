@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use polars::prelude::df;
+//! use arrow_array::{Int64Array, RecordBatch};
 //! use scad_core::transport::LocalTransport;
 //! use scad_remote_array::MemoryElements;
 //! use scad_remote_frame::query::expr::{col, lit, sum};
@@ -16,7 +16,11 @@
 //! let elements = Arc::new(MemoryElements::new());
 //! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
 //! let env = FrameEnv::new(elements).with_budget(Budget::bytes(16 << 20)?);
-//! let sales = RemoteFrame::from_polars(&env, &df!("item" => [1i64, 2, 2, 3], "qty" => [5i64, 1, 2, 7])?)?;
+//! let sales = RecordBatch::try_from_iter([
+//!     ("item", Arc::new(Int64Array::from(vec![1, 2, 2, 3])) as _),
+//!     ("qty", Arc::new(Int64Array::from(vec![5, 1, 2, 7])) as _),
+//! ])?;
+//! let sales = RemoteFrame::from_record_batches(&env, &[sales])?;
 //! let session = QuerySession::new(&env)?;
 //! session.register("sales", &sales)?;
 //! let out = session

@@ -21,7 +21,7 @@
 //! ## Example
 //! ```
 //! use std::sync::Arc;
-//! use polars::prelude::*;
+//! use arrow_array::{Float64Array, Int64Array, RecordBatch};
 //! use scad_core::transport::LocalTransport;
 //! use scad_remote_array::MemoryElements;
 //! use scad_remote_frame::{Budget, FrameEnv, QuerySession, RemoteFrame};
@@ -29,16 +29,20 @@
 //! let elements = Arc::new(MemoryElements::new());
 //! elements.add("mem0", Arc::new(LocalTransport::new(64 << 20)?))?;
 //! let env = FrameEnv::new(elements).with_budget(Budget::bytes(16 << 20)?);
-//! let sales = df!("item" => [1i64, 2, 2, 3], "price" => [1.0, 2.0, 3.0, 4.0])?;
-//! let sales = RemoteFrame::from_polars(&env, &sales)?;
+//! let sales = RecordBatch::try_from_iter([
+//!     ("item", Arc::new(Int64Array::from(vec![1, 2, 2, 3])) as _),
+//!     ("price", Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0])) as _),
+//! ])?;
+//! let sales = RemoteFrame::from_record_batches(&env, &[sales])?;
 //!
 //! let session = QuerySession::new(&env)?;
 //! session.register("sales", &sales)?;
 //! let out = session.sql("SELECT item, sum(price) AS total FROM sales GROUP BY item ORDER BY item")?;
 //! assert_eq!(out.rows(), 3);
 //! assert!(out.ordered());
-//! let df = out.to_polars()?;
-//! assert_eq!(df.column("total")?.f64()?.get(1), Some(5.0));
+//! let batch = &out.batches()[0];
+//! let total = batch.column(1).as_any().downcast_ref::<Float64Array>().unwrap();
+//! assert_eq!(total.value(1), 5.0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -82,25 +86,23 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable, execute_stream, ExecutionPlan};
-use futures::StreamExt;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
-use polars::prelude::DataFrame;
+use futures::StreamExt;
 
 use crate::budget::Budget;
 use crate::env::FrameEnv;
 use crate::error::{Error, NameKind, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
-use crate::interop;
 pub use lazy::{expr, LazyQuery};
-pub use verbs::frame_schema;
-#[cfg(test)]
-pub(crate) use verbs::has_aggregate;
 use peak::PeakPool;
 use scan::RemoteTable;
 use spill::{RemoteSpillFactory, SpillCounters};
 pub use stage::{Stage, StageOutput, StagePlan};
+pub use verbs::frame_schema;
+#[cfg(test)]
+pub(crate) use verbs::has_aggregate;
 
 /// A query session: tables (RemoteFrames registered by name), one memory pool sized
 /// by the env's budget, and spilling to the env's memory elements.
@@ -190,11 +192,12 @@ impl QueryOutput {
         &self.stats
     }
 
-    /// The answer as a Polars DataFrame.
+    /// The answer as a Polars DataFrame (feature `polars`).
     ///
     /// # Errors
     /// [`Error::Polars`] for a type Polars cannot take.
-    pub fn to_polars(&self) -> Result<DataFrame> {
+    #[cfg(feature = "polars")]
+    pub fn to_polars(&self) -> Result<polars::prelude::DataFrame> {
         let batches: Vec<RecordBatch> = self
             .batches
             .iter()
@@ -203,9 +206,9 @@ impl QueryOutput {
             .collect();
         if batches.is_empty() {
             let empty = RecordBatch::new_empty(self.schema.clone());
-            return interop::from_record_batches(&[empty]);
+            return crate::interop::from_record_batches(&[empty]);
         }
-        interop::from_record_batches(&batches)
+        crate::interop::from_record_batches(&batches)
     }
 
     /// Writes the answer to memory elements as a new frame.
