@@ -201,7 +201,7 @@ def test_joins_on_one_and_two_keys_match_polars(env, data, how):
     same(got, want)
 
 
-def test_group_by_aggregations_match_polars(data):
+def test_group_by_aggregations_match_polars(store, data):
     df, rf = data
     aggs = [col("x").sum().alias("sx"), col("x").mean().alias("mx"), col("s").count().alias("n"),
             col("s").n_unique().alias("u"), col("d").min().alias("dmin"), col("amt").max().alias("amax"),
@@ -215,6 +215,19 @@ def test_group_by_aggregations_match_polars(data):
     # Sums as exact decimals.
     got = rf.group_by(["k2"]).agg(col("amt").sum()).to_polars()
     same(got, df.group_by("k2").agg(pl.col("amt").sum()), by=["k2"])
+    # Order-sensitive and statistical aggregations: first/last in the frame's order
+    # (nulls included), median, sample std/var, and arithmetic over aggregations; a
+    # frame of many chunks, so the scan runs in several partitions.
+    rf = scad.RemoteFrame.from_polars(scad.FrameEnv(store, chunk_rows=128), df)
+    got = rf.group_by("k2").agg(col("x").first().alias("fx"), col("s").last().alias("ls"),
+                                col("x").median().alias("md"), col("x").std().alias("sd"),
+                                col("x").var().alias("vr"),
+                                (col("x").sum() / col("x").count()).alias("avg")).to_polars()
+    want = df.group_by("k2").agg(pl.col("x").first().alias("fx"), pl.col("s").last().alias("ls"),
+                                 pl.col("x").median().alias("md"), pl.col("x").std().alias("sd"),
+                                 pl.col("x").var().alias("vr"),
+                                 (pl.col("x").sum() / pl.col("x").count()).alias("avg"))
+    same(got, want, by=["k2"])
 
 
 def test_sort_limit_distinct_match_polars(data):
