@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every check and every test: formatting, one feature set per shared dependency, clippy with warnings as errors (with and
+# Every check and every test: formatting, one feature set per shared dependency, no Polars in the main job, clippy with warnings as errors (with and
 # without the `rdma` feature), the whole workspace's tests with the feature on, then the
 # wheel's type stubs (mypy stubtest) and the Python tests.
 set -euo pipefail
@@ -9,6 +9,8 @@ export RUST_BACKTRACE=1
 cargo fmt --all --check
 # One compiled dependency stack for the main job, the wheel, the benchmarks and tests.
 bash scripts/check-shared-stack.sh
+# The main job (and the wheel) build without Polars.
+bash scripts/check-no-polars.sh
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 # Only core changes with the `rdma` feature (checked here without it).
 cargo clippy -p scad-core --features cli,redis,redis-server --all-targets -- -D warnings

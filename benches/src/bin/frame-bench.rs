@@ -20,6 +20,7 @@ use polars::prelude::*;
 use scad_core::server::{MemoryServer, ServerConfig};
 use scad_core::transport::{TcpOptions, TcpTransport};
 use scad_remote_array::MemoryElements;
+use scad_remote_frame::query::expr as fx;
 use scad_remote_frame::{Budget, FrameEnv, JoinType, KernelStats, RemoteFrame};
 use serde_json::json;
 
@@ -238,6 +239,14 @@ fn main() -> Result<()> {
             len().alias("n"),
         ]
     };
+    // The same aggregates as the query engine's (DataFusion) expressions.
+    let frame_aggs = || {
+        [
+            fx::sum(fx::col("v")).alias("sum_v"),
+            fx::avg(fx::col("x")).alias("avg_x"),
+            fx::count(fx::lit(1)).alias("n"),
+        ]
+    };
     let mut times = Vec::new();
     let mut groups = 0;
     for _ in 0..args.reps {
@@ -274,7 +283,7 @@ fn main() -> Result<()> {
         let env = base.with_budget(Budget::bytes(budget)?);
         pb.set_message(format!("group-by at {pct}%"));
         let t = Instant::now();
-        let out = gf.with_env(&env).group_by(&["g"], aggs())?;
+        let out = gf.with_env(&env).group_by(&["g"], frame_aggs())?;
         let el = t.elapsed();
         ensure!(
             out.rows() == groups,
@@ -340,7 +349,7 @@ fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> 
             "bytes_in": r.stats.map(|s| s.bytes_in),
             "bytes_out": r.stats.map(|s| s.bytes_out),
             "peak_local_bytes": r.stats.map(|s| s.peak_local_bytes),
-            "partitions": r.stats.map(|s| s.partitions),
+            "spill_files": r.stats.map(|s| s.spill_files),
             "baseline": r.baseline.as_ref().map(|b| b.0.clone()),
             "ratio": r.ratio(), "target": r.target, "met": r.met(),
             "note": r.note, "unix_time": unix,
@@ -355,7 +364,7 @@ fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> 
     md.push_str("# RemoteFrame kernel benchmarks\n\n");
     md.push_str("`cargo run --release -p scad-benches --bin frame-bench` — in-process memory servers over loopback tcp, 2 cores shared by servers, client and other work. Join keys are int64, unique, in scrambled order on both sides; each side has two payload columns. Times are medians (min..max) of the repetitions; ratios are against Polars in memory with unlimited memory, measured in the same run. Peak local bytes are the kernels' own accounting (DataFrames held, as Polars sizes them).\n\n");
     md.push_str(&format!("Rows per side: {n}; repetitions {reps} (baselines and the 25% join; the others once). Load average at the end: {}.\n\n", load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")));
-    md.push_str("| bench | variant | median s (min..max) | budget MiB | peak local MiB | MiB in / out | partitions | vs baseline | target | verdict |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    md.push_str("| bench | variant | median s (min..max) | budget MiB | peak local MiB | MiB in / out | spill files | vs baseline | target | verdict |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in rows {
         let t: Vec<f64> = r.times.iter().map(Duration::as_secs_f64).collect();
         let (lo, hi) = (
@@ -379,7 +388,7 @@ fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> 
                 .map(|s| format!("{:.0} / {:.0}", mib(s.bytes_in), mib(s.bytes_out)))
                 .unwrap_or_default(),
             r.stats
-                .map(|s| s.partitions.to_string())
+                .map(|s| s.spill_files.to_string())
                 .unwrap_or_default(),
             r.ratio()
                 .map(|x| format!(

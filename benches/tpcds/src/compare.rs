@@ -1,8 +1,9 @@
 //! Checking an answer against DuckDB's reference answer, value by value.
 
-use polars::prelude::*;
+use datafusion::arrow::array::{Array, RecordBatch};
+use datafusion::common::ScalarValue;
 
-use crate::error::{PolarsContext, TpcdsError};
+use crate::error::TpcdsError;
 
 /// One value of an answer, normalized so that two engines' answers compare by value:
 /// integers of any width and decimals compare exactly (decimals at the larger scale),
@@ -22,29 +23,53 @@ enum Value {
 }
 
 impl Value {
-    fn of(v: AnyValue<'_>) -> Value {
-        match v {
-            AnyValue::Null => Value::Null,
-            AnyValue::Boolean(b) => Value::Bool(b),
-            AnyValue::Int8(x) => Value::int(x.into()),
-            AnyValue::Int16(x) => Value::int(x.into()),
-            AnyValue::Int32(x) => Value::int(x.into()),
-            AnyValue::Int64(x) => Value::int(x.into()),
-            AnyValue::UInt8(x) => Value::int(x.into()),
-            AnyValue::UInt16(x) => Value::int(x.into()),
-            AnyValue::UInt32(x) => Value::int(x.into()),
-            AnyValue::UInt64(x) => Value::int(x.into()),
-            AnyValue::Float32(x) => Value::Float(x.into()),
-            AnyValue::Float64(x) => Value::Float(x),
-            AnyValue::Decimal(digits, _precision, scale) => Value::Exact {
-                digits,
-                scale: scale as u32,
-            },
-            AnyValue::Date(d) => Value::Date(d),
-            AnyValue::String(s) => Value::Text(s.to_owned()),
-            AnyValue::StringOwned(s) => Value::Text(s.to_string()),
-            other => Value::Text(other.to_string()),
+    /// Row `row` of `array`.
+    fn of(array: &dyn Array, row: usize) -> Result<Value, TpcdsError> {
+        let v = ScalarValue::try_from_array(array, row).map_err(|e| {
+            TpcdsError::Mismatch(format!(
+                "reading a value of type {}: {e}",
+                array.data_type()
+            ))
+        })?;
+        if v.is_null() {
+            return Ok(Value::Null);
         }
+        let decimal = |digits: i128, scale: i8| {
+            if scale >= 0 {
+                Some(Value::Exact {
+                    digits,
+                    scale: scale.unsigned_abs().into(),
+                })
+            } else {
+                10i128
+                    .checked_pow(scale.unsigned_abs().into())
+                    .and_then(|m| digits.checked_mul(m))
+                    .map(Value::int)
+            }
+        };
+        let exact = match &v {
+            ScalarValue::Boolean(Some(b)) => Some(Value::Bool(*b)),
+            ScalarValue::Int8(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::Int16(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::Int32(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::Int64(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::UInt8(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::UInt16(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::UInt32(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::UInt64(Some(x)) => Some(Value::int((*x).into())),
+            ScalarValue::Float32(Some(x)) => Some(Value::Float((*x).into())),
+            ScalarValue::Float64(Some(x)) => Some(Value::Float(*x)),
+            ScalarValue::Decimal32(Some(d), _, s) => decimal((*d).into(), *s),
+            ScalarValue::Decimal64(Some(d), _, s) => decimal((*d).into(), *s),
+            ScalarValue::Decimal128(Some(d), _, s) => decimal(*d, *s),
+            ScalarValue::Decimal256(Some(d), _, s) => d.to_i128().and_then(|d| decimal(d, *s)),
+            ScalarValue::Date32(Some(d)) => Some(Value::Date(*d)),
+            ScalarValue::Utf8(Some(t))
+            | ScalarValue::Utf8View(Some(t))
+            | ScalarValue::LargeUtf8(Some(t)) => Some(Value::Text(t.clone())),
+            _ => None,
+        };
+        Ok(exact.unwrap_or_else(|| Value::Text(v.to_string())))
     }
 
     fn int(x: i128) -> Value {
@@ -121,14 +146,23 @@ impl Value {
     }
 }
 
-fn rows_of(df: &DataFrame) -> Result<Vec<Vec<Value>>, TpcdsError> {
-    let mut rows = vec![Vec::with_capacity(df.width()); df.height()];
-    for c in df.columns() {
+fn rows_of(batch: &RecordBatch) -> Result<Vec<Vec<Value>>, TpcdsError> {
+    let mut rows = vec![Vec::with_capacity(batch.num_columns()); batch.num_rows()];
+    for c in batch.columns() {
         for (i, row) in rows.iter_mut().enumerate() {
-            row.push(Value::of(c.get(i).context("reading a value")?));
+            row.push(Value::of(c.as_ref(), i)?);
         }
     }
     Ok(rows)
+}
+
+fn names(batch: &RecordBatch) -> Vec<String> {
+    batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect()
 }
 
 /// Checks that an engine's `result` equals DuckDB's `reference` by value: the same
@@ -141,24 +175,24 @@ fn rows_of(df: &DataFrame) -> Result<Vec<Vec<Value>>, TpcdsError> {
 /// # Errors
 /// [`TpcdsError::Mismatch`] describing the first difference.
 pub fn compare_values(
-    result: &DataFrame,
-    reference: &DataFrame,
+    result: &RecordBatch,
+    reference: &RecordBatch,
     ordered: bool,
 ) -> Result<(), TpcdsError> {
-    if result.width() != reference.width() {
+    if result.num_columns() != reference.num_columns() {
         return Err(TpcdsError::Mismatch(format!(
             "{} columns {:?}, reference has {} {:?}",
-            result.width(),
-            result.get_column_names(),
-            reference.width(),
-            reference.get_column_names()
+            result.num_columns(),
+            names(result),
+            reference.num_columns(),
+            names(reference)
         )));
     }
-    if result.height() != reference.height() {
+    if result.num_rows() != reference.num_rows() {
         return Err(TpcdsError::Mismatch(format!(
             "{} rows, reference has {}",
-            result.height(),
-            reference.height()
+            result.num_rows(),
+            reference.num_rows()
         )));
     }
     let mut got = rows_of(result)?;
@@ -174,7 +208,7 @@ pub fn compare_values(
                 return Err(TpcdsError::Mismatch(format!(
                     "row {i}{}, column {k} ({:?}): {a:?}, reference has {b:?}",
                     if ordered { "" } else { " (rows sorted)" },
-                    reference.get_column_names()[k].as_str()
+                    reference.schema().field(k).name()
                 )));
             }
         }
@@ -184,18 +218,40 @@ pub fn compare_values(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{
+        ArrayRef, Date32Array, Decimal128Array, Float64Array, Int32Array, Int64Array, StringArray,
+        StringViewArray,
+    };
+
     use super::*;
+
+    fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
+        RecordBatch::try_from_iter(columns).unwrap()
+    }
+
+    fn ints(name: &str, v: [i64; 2]) -> (&str, ArrayRef) {
+        (name, Arc::new(Int64Array::from(v.to_vec())))
+    }
+
+    fn floats(name: &str, v: [f64; 2]) -> (&str, ArrayRef) {
+        (name, Arc::new(Float64Array::from(v.to_vec())))
+    }
 
     #[test]
     fn values_compare_across_types() {
-        let ours = df!("a" => [1i32, 2], "s" => [1.5f64, 2.25]).unwrap();
-        let theirs = df!("x" => [1i64, 2], "y" => [1.5f64, 2.25]).unwrap();
+        let ours = batch(vec![
+            ("a", Arc::new(Int32Array::from(vec![1, 2]))),
+            floats("s", [1.5, 2.25]),
+        ]);
+        let theirs = batch(vec![ints("x", [1, 2]), floats("y", [1.5, 2.25])]);
         compare_values(&ours, &theirs, true).unwrap();
-        let off = df!("x" => [1i64, 2], "y" => [1.5f64, 2.26]).unwrap();
+        let off = batch(vec![ints("x", [1, 2]), floats("y", [1.5, 2.26])]);
         let err = compare_values(&ours, &off, true).unwrap_err();
         assert!(err.to_string().contains("row 1, column 1"), "{err}");
         // Order matters only when ordered.
-        let swapped = df!("x" => [2i64, 1], "y" => [2.25f64, 1.5]).unwrap();
+        let swapped = batch(vec![ints("x", [2, 1]), floats("y", [2.25, 1.5])]);
         compare_values(&ours, &swapped, false).unwrap();
         assert!(compare_values(&ours, &swapped, true).is_err());
     }
@@ -222,5 +278,45 @@ mod tests {
         assert!(!Value::Float(1.0).matches(&Value::Float(1.001)));
         assert!(!Value::Null.matches(&Value::int(0)));
         assert!(Value::Null.matches(&Value::Null));
+    }
+
+    #[test]
+    fn arrow_values_read_as_values() {
+        let decimals: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![Some(1234), None])
+                .with_precision_and_scale(7, 2)
+                .unwrap(),
+        );
+        let views: ArrayRef = Arc::new(StringViewArray::from(vec![
+            Some("a long string here"),
+            None,
+        ]));
+        let strings: ArrayRef = Arc::new(StringArray::from(vec!["x", "y"]));
+        let dates: ArrayRef = Arc::new(Date32Array::from(vec![10957, 0]));
+        assert_eq!(
+            Value::of(decimals.as_ref(), 0).unwrap(),
+            Value::Exact {
+                digits: 1234,
+                scale: 2
+            }
+        );
+        assert_eq!(Value::of(decimals.as_ref(), 1).unwrap(), Value::Null);
+        assert_eq!(
+            Value::of(views.as_ref(), 0).unwrap(),
+            Value::Text("a long string here".into())
+        );
+        assert_eq!(Value::of(views.as_ref(), 1).unwrap(), Value::Null);
+        assert_eq!(
+            Value::of(strings.as_ref(), 1).unwrap(),
+            Value::Text("y".into())
+        );
+        assert_eq!(Value::of(dates.as_ref(), 0).unwrap(), Value::Date(10957));
+        // A string column and a string-view column of the same values are equal.
+        let a = batch(vec![("s", strings.clone())]);
+        let b = batch(vec![(
+            "t",
+            Arc::new(StringViewArray::from(vec!["x", "y"])) as ArrayRef,
+        )]);
+        compare_values(&a, &b, true).unwrap();
     }
 }

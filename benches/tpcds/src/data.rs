@@ -6,10 +6,22 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use polars::prelude::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{make_view, Array, ArrayRef, AsArray, StringViewArray};
+use datafusion::arrow::buffer::{Buffer, ScalarBuffer};
+use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::record_batch::RecordBatch;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
 use serde::Deserialize;
 
-use crate::error::{PolarsContext, TpcdsError};
+use crate::error::TpcdsError;
 
 /// The repository root (the workspace's, above this crate's directory), where `.venv`
 /// and `data/` live.
@@ -192,33 +204,33 @@ impl DataSet {
         self.root.join("reference").join(format!("{query}.parquet"))
     }
 
-    /// Reads `table` (only `columns` if given) from Parquet.
+    /// Reads `table` (only `columns` if given, in that order) from Parquet: one record
+    /// batch per row group (one empty batch for a file without rows), string columns as
+    /// [`compact_strings`] lays them out.
     ///
     /// # Errors
-    /// [`TpcdsError::DataMissing`] for an unknown table, Polars errors for bad files or
-    /// unknown columns.
+    /// [`TpcdsError::DataMissing`] for an unknown table or column, [`TpcdsError::Parquet`]
+    /// for a bad file.
     pub fn read_table(
         &self,
         table: &str,
         columns: Option<&[&str]>,
-    ) -> Result<DataFrame, TpcdsError> {
+    ) -> Result<Vec<RecordBatch>, TpcdsError> {
         if !self.manifest.tables.contains_key(table) {
             return Err(TpcdsError::DataMissing {
                 path: self.parquet_path(table),
                 hint: format!("no table {table} in the manifest"),
             });
         }
-        read_parquet(
-            &self.parquet_path(table),
-            columns.map(|c| c.iter().map(|s| s.to_string()).collect()),
-        )
+        read_parquet(&self.parquet_path(table), columns)
     }
 
-    /// DuckDB's answer to `query`.
+    /// DuckDB's answer to `query`, as one record batch.
     ///
     /// # Errors
-    /// [`TpcdsError::DataMissing`] if the reference was not generated.
-    pub fn reference(&self, query: &str) -> Result<DataFrame, TpcdsError> {
+    /// [`TpcdsError::DataMissing`] if the reference was not generated; as
+    /// [`DataSet::read_table`].
+    pub fn reference(&self, query: &str) -> Result<RecordBatch, TpcdsError> {
         let path = self.reference_path(query);
         if !path.exists() {
             return Err(TpcdsError::DataMissing {
@@ -226,17 +238,173 @@ impl DataSet {
                 hint: "rerun benches/tpcds/gen_data.py to write the reference answers".into(),
             });
         }
-        read_parquet(&path, None)
+        let parts = read_parquet(&path, None)?;
+        let schema = parts
+            .first()
+            .map(RecordBatch::schema)
+            .unwrap_or_else(|| Arc::new(Schema::empty()));
+        concat_batches(&schema, &parts).map_err(|source| TpcdsError::Arrow {
+            context: format!("gathering {}", path.display()),
+            source,
+        })
     }
 }
 
-fn read_parquet(path: &Path, columns: Option<Vec<String>>) -> Result<DataFrame, TpcdsError> {
+/// The Parquet file at `path` (only `columns`, in that order, if given): one record
+/// batch per row group, or one empty batch if it has none.
+fn read_parquet(path: &Path, columns: Option<&[&str]>) -> Result<Vec<RecordBatch>, TpcdsError> {
+    let parquet_err = |source| TpcdsError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let arrow_err = |source| TpcdsError::Arrow {
+        context: format!("reading {}", path.display()),
+        source,
+    };
     let file = File::open(path).map_err(|source| TpcdsError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    ParquetReader::new(file)
-        .with_columns(columns)
-        .finish()
-        .context(format!("reading {}", path.display()))
+    let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(parquet_err)?;
+    let file_schema = meta.schema().clone();
+    // Indices of the wanted columns in the file, in the order wanted.
+    let wanted: Vec<usize> = match columns {
+        None => (0..file_schema.fields().len()).collect(),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                file_schema
+                    .index_of(n)
+                    .map_err(|_| TpcdsError::DataMissing {
+                        path: path.to_path_buf(),
+                        hint: format!("no column {n}"),
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let mut sorted = wanted.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    // The reader gives the projected columns in file order; `order` picks them out in
+    // the order wanted.
+    let order: Vec<usize> = wanted
+        .iter()
+        .filter_map(|w| sorted.iter().position(|s| s == w))
+        .collect();
+    let mask = ProjectionMask::roots(meta.parquet_schema(), sorted.iter().copied());
+    let projected = Arc::new(file_schema.project(&wanted).map_err(arrow_err)?);
+    let row_groups = meta.metadata().row_groups().to_vec();
+    let mut out = Vec::with_capacity(row_groups.len().max(1));
+    for (r, group) in row_groups.iter().enumerate() {
+        let rows = usize::try_from(group.num_rows()).unwrap_or(0);
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            file.try_clone().map_err(|source| TpcdsError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?,
+            meta.clone(),
+        )
+        .with_projection(mask.clone())
+        .with_row_groups(vec![r])
+        .with_batch_size(rows.max(1))
+        .build()
+        .map_err(parquet_err)?;
+        let parts = reader
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| parquet_err(e.into()))?;
+        let read_schema = parts
+            .first()
+            .map(RecordBatch::schema)
+            .unwrap_or_else(|| projected.clone());
+        let batch = concat_batches(&read_schema, &parts)
+            .and_then(|b| b.project(&order))
+            .map_err(arrow_err)?;
+        // Whether each column's chunk in this row group is dictionary-encoded.
+        let dictionary: Vec<bool> = wanted
+            .iter()
+            .map(|&c| {
+                group
+                    .columns()
+                    .get(c)
+                    .is_some_and(|m| m.dictionary_page_offset().is_some())
+            })
+            .collect();
+        out.push(compact_strings(&batch, &dictionary).map_err(arrow_err)?);
+    }
+    if out.is_empty() {
+        let empty = RecordBatch::new_empty(projected);
+        out.push(compact_strings(&empty, &[]).map_err(arrow_err)?);
+    }
+    Ok(out)
+}
+
+/// The batch (one row group) with every string column as string views laid out as
+/// Polars reads them, so the frames written from it (and the bytes a scan moves) are
+/// the same: one data buffer per column holding only the values longer than a view's
+/// 12 inline bytes — each distinct value once where the column chunk is
+/// dictionary-encoded (`dictionary[k]`), every value in row order where it is plain.
+/// (A cast from `Utf8` would keep every value's bytes, short ones included.)
+fn compact_strings(batch: &RecordBatch, dictionary: &[bool]) -> Result<RecordBatch, ArrowError> {
+    let schema = batch.schema();
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (k, (field, column)) in schema.fields().iter().zip(batch.columns()).enumerate() {
+        let column = match column.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+                let views = cast(column, &DataType::Utf8View)?;
+                let dedup = dictionary.get(k).copied().unwrap_or(false);
+                Arc::new(string_views(views.as_string_view(), dedup)?) as ArrayRef
+            }
+            _ => column.clone(),
+        };
+        fields.push(
+            field
+                .as_ref()
+                .clone()
+                .with_data_type(column.data_type().clone()),
+        );
+        columns.push(column);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+/// `values` with one data buffer (possibly empty) of the values longer than 12 bytes:
+/// each distinct one once if `dedup`, else each in row order.
+fn string_views(values: &StringViewArray, dedup: bool) -> Result<StringViewArray, ArrowError> {
+    const INLINE: usize = 12;
+    let mut data: Vec<u8> = Vec::new();
+    let mut placed: HashMap<&str, u32> = HashMap::new();
+    let mut views: Vec<u128> = Vec::with_capacity(values.len());
+    let offset_of = |len: usize| {
+        u32::try_from(len).map_err(|_| {
+            ArrowError::ComputeError("a string column over 4 GiB in one row group".into())
+        })
+    };
+    for v in values.iter() {
+        let Some(s) = v else {
+            views.push(0);
+            continue;
+        };
+        if s.len() <= INLINE {
+            views.push(make_view(s.as_bytes(), 0, 0));
+            continue;
+        }
+        let at = match placed.get(s) {
+            Some(&at) if dedup => at,
+            _ => {
+                let at = offset_of(data.len())?;
+                data.extend_from_slice(s.as_bytes());
+                if dedup {
+                    placed.insert(s, at);
+                }
+                at
+            }
+        };
+        views.push(make_view(s.as_bytes(), 0, at));
+    }
+    StringViewArray::try_new(
+        ScalarBuffer::from(views),
+        vec![Buffer::from_vec(data)],
+        values.nulls().cloned(),
+    )
 }

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use datafusion::arrow::compute::concat_batches;
 use scad_remote_frame::{FrameEnv, QuerySession, QueryStats, RemoteFrame};
 
 use crate::compare::compare_values;
@@ -133,9 +134,11 @@ pub fn run_query(
     let secs = start.elapsed().as_secs_f64();
     let (stats, error) = match outcome {
         Ok(out) => {
-            let checked = out.to_polars().map_err(|e| e.to_string()).and_then(|df| {
-                compare_values(&df, &reference, out.ordered()).map_err(|e| e.to_string())
-            });
+            let checked = concat_batches(out.schema(), out.batches())
+                .map_err(|e| e.to_string())
+                .and_then(|answer| {
+                    compare_values(&answer, &reference, out.ordered()).map_err(|e| e.to_string())
+                });
             (Some(*out.stats()), checked.err())
         }
         Err(e) => (None, Some(e.to_string())),

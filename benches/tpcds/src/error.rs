@@ -35,14 +35,23 @@ pub enum TpcdsError {
         /// What is wrong with it.
         message: String,
     },
-    /// A Polars operation failed (reading a table or a reference, comparing).
+    /// Reading a Parquet file (a table or a reference answer) failed.
+    #[error("reading {path}: {source}")]
+    Parquet {
+        /// File being read.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    /// An Arrow operation failed (gathering a table's batches, a cast).
     #[error("{context}: {source}")]
-    Polars {
+    Arrow {
         /// What was being done.
         context: String,
-        /// Underlying Polars error.
+        /// Underlying error.
         #[source]
-        source: polars::error::PolarsError,
+        source: datafusion::arrow::error::ArrowError,
     },
     /// A result differs from the reference answer.
     #[error("result differs from the reference: {0}")]
@@ -62,19 +71,4 @@ pub enum TpcdsError {
     /// An unknown query name was given.
     #[error("unknown query {0:?}: TPC-DS has queries 1 to 99 (q1 .. q99)")]
     UnknownQuery(String),
-}
-
-/// Attaches a context string to Polars errors.
-pub(crate) trait PolarsContext<T> {
-    /// Wraps the error with `context`.
-    fn context(self, context: impl Into<String>) -> Result<T, TpcdsError>;
-}
-
-impl<T> PolarsContext<T> for Result<T, polars::error::PolarsError> {
-    fn context(self, context: impl Into<String>) -> Result<T, TpcdsError> {
-        self.map_err(|source| TpcdsError::Polars {
-            context: context.into(),
-            source,
-        })
-    }
 }

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use polars::prelude::DataFrame;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::record_batch::RecordBatch;
 use scad_remote_frame::{Budget, FrameEnv, QueryStats, RemoteFrame, StagePlan};
 use serde::{Deserialize, Serialize};
 
@@ -263,27 +264,25 @@ pub fn read_answer(
     dir: &Path,
     query: &str,
     plan: &StagePlan,
-) -> Result<DataFrame, RemoteError> {
+) -> Result<RecordBatch, RemoteError> {
     let root = plan.stages.len().saturating_sub(1);
-    let mut answer: Option<DataFrame> = None;
+    let mut schema = None;
+    let mut parts = Vec::new();
     for h in read_stage(dir, query, root)? {
-        let part = h
-            .open(cluster.env(), &format!("{query} answer"))?
-            .to_polars()
-            .map_err(|source| RemoteError::Frame {
-                context: format!("reading {query}'s answer"),
-                source,
-            })?;
-        match &mut answer {
-            None => answer = Some(part),
-            Some(a) => {
-                a.vstack_mut(&part).map_err(|e| {
-                    RemoteError::Invalid(format!("joining {query}'s answer partitions: {e}"))
-                })?;
-            }
+        let frame = h.open(cluster.env(), &format!("{query} answer"))?;
+        let read = |source| RemoteError::Frame {
+            context: format!("reading {query}'s answer"),
+            source,
+        };
+        if schema.is_none() {
+            schema = Some(frame.arrow_schema().map_err(read)?);
         }
+        parts.extend(frame.to_record_batches().map_err(read)?);
     }
-    answer.ok_or_else(|| RemoteError::Invalid(format!("{query}'s root stage wrote no frames")))
+    let schema = schema
+        .ok_or_else(|| RemoteError::Invalid(format!("{query}'s root stage wrote no frames")))?;
+    concat_batches(&schema, &parts)
+        .map_err(|e| RemoteError::Invalid(format!("joining {query}'s answer partitions: {e}")))
 }
 
 /// Frees the stage outputs of `query` and removes their files.

@@ -24,13 +24,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use datafusion::arrow::compute::concat_batches;
 use datafusion::datasource::MemTable;
 use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool, UnboundedMemoryPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use indicatif::{ProgressBar, ProgressStyle};
 use scad_benches::{horizontal_bars, results_dir, Bar};
-use scad_remote_frame::{dataframe_to_record_batches, record_batches_to_dataframe, Budget};
+use scad_remote_frame::Budget;
 use scad_tpcds::compare::compare_values;
 use scad_tpcds::data::{generate, repo_root, DataSet, GenerateOptions};
 use scad_tpcds::engine::{official_queries, parse_queries, run_query, session};
@@ -161,7 +162,7 @@ fn run_datafusion(
     let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime);
     let s = spinner("DataFusion: loading the tables into memory".into())?;
     for table in set.manifest.tables.keys() {
-        let batches = dataframe_to_record_batches(&set.read_table(table, None)?)?;
+        let batches = set.read_table(table, None)?;
         let schema = batches
             .first()
             .map(|b| b.schema())
@@ -198,10 +199,10 @@ fn run_datafusion(
                 let reference = set.reference(q)?;
                 // Compared as multisets: the row order is checked for ours only.
                 let equal = match batches.first() {
-                    None => reference.height() == 0,
-                    Some(_) => record_batches_to_dataframe(&batches)
+                    None => reference.num_rows() == 0,
+                    Some(first) => concat_batches(&first.schema(), &batches)
                         .ok()
-                        .is_some_and(|df| compare_values(&df, &reference, false).is_ok()),
+                        .is_some_and(|answer| compare_values(&answer, &reference, false).is_ok()),
                 };
                 Cell {
                     secs: Some(secs),
@@ -356,12 +357,18 @@ fn main() -> Result<()> {
     let s = spinner(format!("generating (or reusing) TPC-DS SF {}", args.sf))?;
     let set = generate(&GenerateOptions::new(args.sf))?;
     s.finish_and_clear();
-    // A percentage is of the largest table in memory (Polars' estimate).
+    // A percentage is of the largest table in memory (its Arrow arrays' size).
     let largest = if args.budget.contains('%') {
         set.manifest
             .tables
             .keys()
-            .map(|t| Ok(set.read_table(t, None)?.estimated_size() as u64))
+            .map(|t| {
+                Ok(set
+                    .read_table(t, None)?
+                    .iter()
+                    .map(|b| b.get_array_memory_size() as u64)
+                    .sum())
+            })
             .collect::<Result<Vec<u64>>>()?
             .into_iter()
             .max()

@@ -239,7 +239,10 @@ fn stage_command(command: StageCommandArgs) -> Result<()> {
             let s = session(&env, &read_tables(&target.dir)?.open(&cluster)?)?;
             let plan = s.stages(&scad_tpcds::engine::query_sql(&set, &q)?)?;
             let df = read_answer(&cluster, &target.dir, &q, &plan)?;
-            println!("{df}");
+            println!(
+                "{}",
+                datafusion::arrow::util::pretty::pretty_format_batches(std::slice::from_ref(&df))?
+            );
             compare_values(&df, &set.reference(&q)?, plan.ordered)?;
             println!("{q}: equals DuckDB's answer");
         }
