@@ -17,7 +17,8 @@ else
     builds=(
         # The main job, tpcds-main: scad-tpcds with its default features.
         "-p scad-tpcds"
-        # --- The wheel (scad-py as maturin builds it) goes here. ---
+        # The wheel: scad-py as maturin builds it.
+        "-p scad-py --features extension-module"
     )
 fi
 failed=0
