@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every check and every test: formatting, one feature set per shared dependency, no Polars in the main job, clippy with warnings as errors (with and
+# Every check and every test: formatting, one feature set per shared dependency, no
+# Polars in the main job and the wheel, clippy with warnings as errors (with and
 # without the `rdma` feature), the whole workspace's tests with the feature on, then the
 # wheel's type stubs (mypy stubtest) and the Python tests.
 set -euo pipefail
