@@ -561,7 +561,9 @@ impl FrameWriter {
             if rows == 0 {
                 return Ok(());
             }
-            let bytes = batch.get_array_memory_size() as u64;
+            // The rows' own bytes: a batch that is a slice of a larger one would
+            // report the whole buffers it shares.
+            let bytes = sliced_bytes(batch)?;
             let gathered = match self.pending.take() {
                 Some((mut p, n, b, held)) => {
                     p.push(batch.clone());
@@ -722,6 +724,15 @@ impl Drop for FrameWriter {
             }
         }
     }
+}
+
+/// Bytes of `batch`'s rows (its slice of the buffers it points into).
+fn sliced_bytes(batch: &RecordBatch) -> Result<u64> {
+    let mut bytes = 0u64;
+    for c in batch.columns() {
+        bytes += c.to_data().get_slice_memory_size()? as u64;
+    }
+    Ok(bytes)
 }
 
 pub(crate) fn schema_meta(schema: &ArrowSchema) -> Result<Vec<ColumnMeta>> {

@@ -4,7 +4,7 @@
 //! run.
 //!
 //! ```text
-//! cargo run --release -p scad-benches --bin frame-bench [-- --rows 10000000]
+//! cargo run --release -p scad-benches --features polars-baselines --bin frame-bench [-- --rows 10000000]
 //! ```
 //! Writes `benches/results/frame.{jsonl,md,png}` (relative to the workspace root).
 
@@ -362,7 +362,7 @@ fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut md = String::new();
     md.push_str("# RemoteFrame kernel benchmarks\n\n");
-    md.push_str("`cargo run --release -p scad-benches --bin frame-bench` — in-process memory servers over loopback tcp, 2 cores shared by servers, client and other work. Join keys are int64, unique, in scrambled order on both sides; each side has two payload columns. Times are medians (min..max) of the repetitions; ratios are against Polars in memory with unlimited memory, measured in the same run. Peak local bytes are the kernels' own accounting (DataFrames held, as Polars sizes them).\n\n");
+    md.push_str("`cargo run --release -p scad-benches --features polars-baselines --bin frame-bench` — in-process memory servers over loopback tcp, 2 cores shared by servers, client and other work. Join keys are int64, unique, in scrambled order on both sides; each side has two payload columns. Times are medians (min..max) of the repetitions; ratios are against Polars in memory with unlimited memory, measured in the same run. Peak local bytes are the peak reservation of the query engine's memory pool.\n\n");
     md.push_str(&format!("Rows per side: {n}; repetitions {reps} (baselines and the 25% join; the others once). Load average at the end: {}.\n\n", load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")));
     md.push_str("| bench | variant | median s (min..max) | budget MiB | peak local MiB | MiB in / out | spill files | vs baseline | target | verdict |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in rows {

@@ -4,7 +4,7 @@
 //! against Polars in memory on the same data, measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p scad-benches --bin query-bench [-- --rows 2000000]
+//! cargo run --release -p scad-benches --features polars-baselines --bin query-bench [-- --rows 2000000]
 //! ```
 //! Writes `benches/results/query.{jsonl,md,png}`. Target (BENCHMARKS.md): an
 //! operator at 25 % of its input within 1.5x of the same operator unlimited.
@@ -286,7 +286,7 @@ fn write_results(dir: &std::path::Path, rows: &[Measured], n: usize, reps: usize
     let mut md = String::new();
     md.push_str("# Query-engine operators\n\n");
     md.push_str(&format!(
-        "`cargo run --release -p scad-benches --bin query-bench -- --rows {n}` — SQL over RemoteFrames in 2 in-process tcp memory servers; budgets are fractions of the operator's input bytes; medians of {reps} runs; Polars in memory on the same data measured in the same run. Peak local is the memory pool's peak reservation; moved = bytes scanned + spilled + read back.\n\n"
+        "`cargo run --release -p scad-benches --features polars-baselines --bin query-bench -- --rows {n}` — SQL over RemoteFrames in 2 in-process tcp memory servers; budgets are fractions of the operator's input bytes; medians of {reps} runs; Polars in memory on the same data measured in the same run. Peak local is the memory pool's peak reservation; moved = bytes scanned + spilled + read back.\n\n"
     ));
     md.push_str("| operator | variant | median s | rows | vs Polars | vs unlimited | target (25 % ≤ 1.5x unlimited) | peak local MiB | budget MiB | moved MiB | spill files |\n|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
     let mut bars = Vec::new();
