@@ -40,8 +40,8 @@ pub(crate) const JOIN_FANOUT: usize = 64;
 pub(crate) const AGGREGATE_FANOUT: usize = 16;
 
 /// Levels of re-partitioning before a partition is handed to the wrapped operator as
-/// is (which may then spill on its own, or fail with the pool's out-of-memory error
-/// naming it).
+/// is. A partition still too large then holds a key too frequent for the budget,
+/// which the join and the aggregate each handle (see [`super::skew`]).
 pub(crate) const MAX_LEVEL: u32 = 3;
 
 /// The hash seed of partitioning level `level`: a new seed per level, so that a

@@ -56,6 +56,7 @@ mod owned;
 mod peak;
 mod reserved_pool;
 mod scan;
+mod skew;
 mod spill;
 mod stage;
 mod stats;
