@@ -579,10 +579,11 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
         .sql("SELECT k1, array_agg(name) AS names FROM fact GROUP BY k1")
         .unwrap_err();
     assert!(
-        matches!(&err, Error::OutOfBudget { what, .. } if what.contains("Aggregate")),
+        matches!(&err, Error::Skew { kernel: "group-by", key, .. } if key == "k1=0"),
         "{err}"
     );
     assert_eq!(s.spill_bytes_held(), 0);
+    assert_eq!(s.reserved_bytes(), 0);
     let free_after: u64 = f
         .env
         .elements()

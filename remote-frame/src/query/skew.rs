@@ -7,8 +7,12 @@
 //!   contributes only its keys needs no more.
 //! - [`most_frequent_key`] counts a partition's key values and prints the most
 //!   frequent one `col=value`, for [`Error::Skew`].
+//! - [`memory_error_as`] turns a wrapped operator's out-of-memory failure into
+//!   another error (a spilling aggregate's last level: DataFusion's aggregate holds a
+//!   group's state, which may or may not grow with its rows).
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, RecordBatch};
@@ -19,6 +23,7 @@ use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 
@@ -192,6 +197,36 @@ pub(crate) fn skew_error(
         bytes: top.bytes,
         budget: budget as u64,
     }))
+}
+
+/// Whether `e` is a reservation the memory pool refused, however wrapped.
+pub(crate) fn is_memory_error(e: &DataFusionError) -> bool {
+    matches!(e.find_root(), DataFusionError::ResourcesExhausted(_))
+}
+
+/// `input`, except that when it fails for memory, it is dropped first (giving its
+/// memory back) and the error is the one `replace` makes of the original.
+pub(crate) fn memory_error_as<F, Fut>(
+    input: SendableRecordBatchStream,
+    replace: F,
+) -> SendableRecordBatchStream
+where
+    F: FnOnce(DataFusionError) -> Fut + Send + 'static,
+    Fut: Future<Output = DataFusionError> + Send + 'static,
+{
+    let schema = input.schema();
+    let stream = futures::stream::unfold(Some((input, replace)), |state| async move {
+        let (mut input, replace) = state?;
+        match input.next().await {
+            Some(Err(e)) if is_memory_error(&e) => {
+                drop(input);
+                Some((Err(replace(e).await), None))
+            }
+            Some(item) => Some((item, Some((input, replace)))),
+            None => None,
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
 }
 
 #[cfg(test)]
