@@ -97,7 +97,10 @@ pub enum Error {
     /// hashing (a skewed key).
     #[error("skewed key in {kernel}: partition {partition} (level {level}) holds {bytes} bytes for key {key}, which repartitioning cannot split, and the budget is {budget} bytes")]
     Skew {
-        /// The kernel (`"left join"`, `"group-by"`, ...).
+        /// The kernel (`"left join"`, `"group-by"`, ...), or the query operator: a
+        /// hash join by DataFusion's join type, whose left input is the one built
+        /// (`"hash join (Right)"`: a SQL left join built on its right table), or
+        /// `"group-by"`.
         kernel: &'static str,
         /// Partition path, e.g. `"3/17"`.
         partition: String,
@@ -105,7 +108,7 @@ pub enum Error {
         level: u32,
         /// The most frequent key value of the partition, printed.
         key: String,
-        /// Bytes of the partition.
+        /// Bytes of the key's rows in the partition.
         bytes: u64,
         /// The budget.
         budget: u64,

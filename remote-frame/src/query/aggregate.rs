@@ -11,6 +11,17 @@
 //! partition by partition, each again through a spilling aggregate with a new hash
 //! seed, so a partition that is still too large is split again. Every group lands in
 //! exactly one partition, so the answer is DataFusion's.
+//!
+//! After [`MAX_LEVEL`] levels the wrapped aggregate runs on the partition as is. A
+//! partition still too large there holds a key value more frequent than the budget
+//! allows. That is no failure in itself: the aggregate holds a state per group, not
+//! its rows, and a group's count or sum stays small however many rows it has, so the
+//! aggregate runs on. Only a group whose state grows with its rows (`array_agg`,
+//! `string_agg`, a median, a single-phase `count(DISTINCT)`) can outgrow the budget,
+//! and no partitioning splits one group: the aggregate's out-of-memory failure there
+//! is reported as [`Error::Skew`] naming the partition's most frequent key.
+//!
+//! [`Error::Skew`]: crate::Error::Skew
 
 use std::fmt;
 use std::sync::Arc;
@@ -41,6 +52,7 @@ use super::grace::{
 };
 use super::operator::replace_each;
 use super::reserved_pool::ReservedPool;
+use super::skew::{memory_error_as, most_frequent_key, skew_error};
 
 /// Replaces the final phase of DataFusion's hash aggregates by
 /// [`SpillingAggregateExec`] (a physical optimizer rule, added when the session has a
@@ -55,8 +67,13 @@ impl PhysicalOptimizerRule for SpillingAggregates {
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         replace_each(plan, |agg: &AggregateExec| {
-            Ok(wrappable(agg)
-                .then(|| Arc::new(SpillingAggregateExec::new(Arc::new(agg.clone()), 0)) as _))
+            Ok(wrappable(agg).then(|| {
+                Arc::new(SpillingAggregateExec::new(
+                    Arc::new(agg.clone()),
+                    0,
+                    String::new(),
+                )) as _
+            }))
         })
     }
 
@@ -94,16 +111,20 @@ fn wrappable(agg: &AggregateExec) -> bool {
 pub(crate) struct SpillingAggregateExec {
     agg: Arc<AggregateExec>,
     level: u32,
+    /// The partition this aggregate aggregates, by its index at each level (`3/7`;
+    /// empty at level 0), for errors.
+    path: String,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl SpillingAggregateExec {
-    fn new(agg: Arc<AggregateExec>, level: u32) -> Self {
+    fn new(agg: Arc<AggregateExec>, level: u32, path: String) -> Self {
         let properties = agg.properties().clone();
         SpillingAggregateExec {
             agg,
             level,
+            path,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -164,6 +185,7 @@ impl ExecutionPlan for SpillingAggregateExec {
         Ok(Arc::new(SpillingAggregateExec::new(
             self.with_input(input)?,
             self.level,
+            self.path.clone(),
         )))
     }
 
@@ -182,6 +204,7 @@ impl ExecutionPlan for SpillingAggregateExec {
             exec: SpillingAggregateExec {
                 agg: self.agg.clone(),
                 level: self.level,
+                path: self.path.clone(),
                 properties: self.properties.clone(),
                 metrics: self.metrics.clone(),
             },
@@ -274,6 +297,10 @@ impl AggregateRun {
         reservation.shrink(reservation.size() - keep);
         let schema = agg.schema();
         let level = self.exec.level;
+        let budget = match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes,
+            _ => usize::MAX,
+        };
         let exec = Arc::new(self.exec);
         let batch_rows = self.context.session_config().batch_size();
         // The partitions run one after another in the room kept, which they hand
@@ -281,20 +308,43 @@ impl AggregateRun {
         let limit = self.context.memory_pool().memory_limit();
         let lent = Arc::new(ReservedPool::new(reservation, keep, limit));
         let context = ReservedPool::context(lent, &self.context)?;
-        let runs =
-            futures::stream::iter(files).map(move |file| -> DfResult<SendableRecordBatchStream> {
+        let runs = futures::stream::iter(files.into_iter().enumerate()).map(
+            move |(p, file)| -> DfResult<SendableRecordBatchStream> {
                 let leaf = OneShotExec::new(
                     spill.schema().clone(),
-                    partition_stream(&spill, file, batch_rows)?,
+                    partition_stream(&spill, file.clone(), batch_rows)?,
                 );
                 let inner = exec.with_input(Arc::new(leaf))?;
-                let plan: Arc<dyn ExecutionPlan> = if level < MAX_LEVEL {
-                    Arc::new(SpillingAggregateExec::new(inner, level + 1))
-                } else {
-                    inner
+                let path = match exec.path.as_str() {
+                    "" => p.to_string(),
+                    parent => format!("{parent}/{p}"),
                 };
-                plan.execute(0, context.clone())
-            });
+                if level < MAX_LEVEL {
+                    return SpillingAggregateExec::new(inner, level + 1, path)
+                        .execute(0, context.clone());
+                }
+                let rows = inner.execute(0, context.clone())?;
+                // The last level: a group whose state outgrows the budget (see the
+                // module docs). Its partition's file is still there to count keys in.
+                let (spill, keys, pool) = (spill.clone(), keys.clone(), context.memory_pool());
+                let pool = pool.clone();
+                Ok(memory_error_as(rows, move |e| async move {
+                    let counted = match partition_stream(&spill, file, batch_rows) {
+                        Ok(rows) => {
+                            let reservation = MemoryConsumer::new("SpillingAggregate skewed keys")
+                                .register(&pool);
+                            most_frequent_key(rows, &keys, reservation).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match counted {
+                        Ok(Some(top)) => skew_error("group-by", &path, level, top, budget),
+                        Ok(None) => e,
+                        Err(e) => e,
+                    }
+                }))
+            },
+        );
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             schema,
             runs.try_flatten(),
@@ -319,9 +369,11 @@ mod tests {
     use super::*;
     use crate::budget::Budget;
     use crate::env::FrameEnv;
+    use crate::error::Error;
     use crate::frame::RemoteFrame;
     use crate::query::test_env::local_env;
     use crate::query::{QueryOutput, QuerySession};
+    use arrow_array::Int64Array;
 
     const ROWS: i64 = 60_000;
     const GROUPS: i64 = 20_000;
@@ -420,5 +472,80 @@ mod tests {
         let want: Vec<i64> = (0..groups).map(|i| 2 * i + groups).collect();
         assert_eq!(s.into_no_null_iter().collect::<Vec<_>>(), want);
         assert!(out.stats().spill_files > 0, "{}", out.explain_analyze());
+    }
+
+    /// `t` with `rows` rows: `g` is 7 on every `every`th row and unique on the
+    /// others, `v` the row number.
+    fn skewed_table(env: &FrameEnv, rows: i64, every: i64) -> RemoteFrame {
+        let g = (0..rows).map(|i| if i % every == 0 { 7 } else { 1_000_000 + i });
+        let batch = RecordBatch::try_from_iter([
+            (
+                "g",
+                Arc::new(Int64Array::from_iter_values(g)) as arrow_array::ArrayRef,
+            ),
+            ("v", Arc::new(Int64Array::from_iter_values(0..rows))),
+        ])
+        .unwrap();
+        RemoteFrame::from_record_batches(env, &[batch]).unwrap()
+    }
+
+    fn skewed_session(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> QuerySession {
+        let env = env.with_budget(Budget::from_limit(budget).unwrap());
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        session.register("t", t).unwrap();
+        session
+    }
+
+    #[test]
+    fn a_group_whose_state_outgrows_the_budget_fails_naming_its_key() {
+        let env = local_env(1, 128 << 20);
+        let t = skewed_table(&env, 60_000, 2);
+        let budget = t.data_bytes() / 10;
+        let session = skewed_session(&env, &t, Some(budget));
+        // Group 7's list holds 30,000 values: no partitioning splits one group.
+        let err = session
+            .sql("SELECT g, array_agg(v) AS vs FROM t GROUP BY g")
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(&err, Error::Skew { kernel: "group-by", key, level, .. }
+                if key == "g=7" && *level == MAX_LEVEL),
+            "{text}"
+        );
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+    }
+
+    #[test]
+    fn a_frequent_group_with_small_state_is_aggregated_within_the_budget() {
+        // Counts and sums: group 7's state is two numbers, however many rows it
+        // has. Nine groups in ten rows: the partial aggregate passes rows through
+        // unaggregated, and the final one gets all 20,000 of group 7, down to the
+        // last level.
+        let env = local_env(1, 128 << 20);
+        let rows = 200_000;
+        let t = skewed_table(&env, rows, 10);
+        let budget = t.data_bytes() / 10;
+        let sql = "SELECT g, count(*) AS n, sum(v) AS s FROM t GROUP BY g";
+        let want = skewed_session(&env, &t, None).sql(sql).unwrap();
+        let session = skewed_session(&env, &t, Some(budget));
+        let got = session.sql(sql).unwrap();
+        let text = got.explain_analyze();
+        // Group 7's partition is split at every level.
+        assert!(
+            got.stats().spill_files > (MAX_LEVEL as u64 + 1) * AGGREGATE_FANOUT as u64,
+            "{text}"
+        );
+        assert!(got.stats().peak_local_bytes <= budget, "{text}");
+        let sorted = |out: &QueryOutput| {
+            out.to_polars()
+                .unwrap()
+                .sort(["g"], SortMultipleOptions::default())
+                .unwrap()
+        };
+        assert!(sorted(&got).equals_missing(&sorted(&want)));
+        assert_eq!(got.rows(), (rows - rows / 10 + 1) as usize);
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
     }
 }

@@ -40,8 +40,8 @@ pub(crate) const JOIN_FANOUT: usize = 64;
 pub(crate) const AGGREGATE_FANOUT: usize = 16;
 
 /// Levels of re-partitioning before a partition is handed to the wrapped operator as
-/// is (which may then spill on its own, or fail with the pool's out-of-memory error
-/// naming it).
+/// is. A partition still too large then holds a key too frequent for the budget,
+/// which the join and the aggregate each handle (see [`super::skew`]).
 pub(crate) const MAX_LEVEL: u32 = 3;
 
 /// The hash seed of partitioning level `level`: a new seed per level, so that a
@@ -112,7 +112,14 @@ pub(crate) fn partition_stream(
                 None => {
                     let rest = g.finish_buffered_batch().map(|()| g.next_completed_batch());
                     return match rest {
-                        Ok(Some(batch)) => Some((Ok(batch), (input, None))),
+                        // The last batch is short, but its buffers were sized for a
+                        // whole batch, and would be counted so by whatever reserves
+                        // it: a partition of a few rows would look many times its
+                        // size. Copied, it takes what its rows need.
+                        Ok(Some(batch)) => {
+                            let rows = (0..batch.num_rows() as u32).collect();
+                            Some((take_rows(&batch, rows), (input, None)))
+                        }
                         Ok(None) => None,
                         Err(e) => Some((Err(e.into()), (input, None))),
                     };

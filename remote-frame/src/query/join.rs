@@ -16,9 +16,26 @@
 //!   partition still too large (skew) is split again. Every spilled row is written
 //!   once and read once.
 //!
+//! A partition still too large after [`MAX_LEVEL`] levels holds a key value more
+//! frequent than the budget allows, which no hash splits (see [`super::skew`]). Its
+//! join depends on the join type:
+//! - where the output is a union over pieces of the build side (every build row's
+//!   output depends on that row and the whole probe side: inner, left, left semi,
+//!   left anti and left mark joins), a block nested loop: the build partition is read
+//!   in pieces that fit, and the whole probe partition (a spill file, read again for
+//!   each piece) streams through a hash join on each piece (metric `skew_pieces`);
+//! - where the build side contributes only its keys (right semi, right anti and
+//!   right mark joins without a filter on build columns), one build row per key value
+//!   is all the join needs (metric `skew_duplicates`: build rows dropped);
+//! - otherwise, or when the distinct keys do not fit either, the roles swap if the
+//!   probe partition fits, and if not the join fails with [`Error::Skew`] naming the
+//!   most frequent build key.
+//!
 //! Join semantics (every join type, filters, projections) stay DataFusion's: every
 //! key lands in exactly one partition, which is all an equi-join needs. Null-aware
 //! anti joins (`NOT IN`) depend on the whole build side and are left unwrapped.
+//!
+//! [`Error::Skew`]: crate::Error::Skew
 
 use std::fmt;
 use std::sync::Arc;
@@ -27,9 +44,9 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::common::{DataFusionError, JoinSide, JoinType, Result as DfResult};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
-use datafusion::execution::TaskContext;
+use datafusion::execution::{SpillFile, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -47,11 +64,12 @@ use futures::lock::Mutex as AsyncMutex;
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, HybridPartitions, OneShotExec, Partitioner,
-    ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
+    level_seed, partition_stream, reserved_stream, take_rows, HybridPartitions, OneShotExec,
+    Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::JoinKeyFilter;
 use super::operator::replace_each;
+use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
 /// Replaces DataFusion's hash joins by [`SpillingHashJoinExec`] (a physical optimizer
 /// rule, added when the session has a budget).
@@ -113,18 +131,49 @@ pub(crate) struct SpillingHashJoinExec {
     metrics: ExecutionPlanMetricsSet,
     /// The probe keys' dynamic filter, at level 0 (see [`super::key_bounds`]).
     key_filter: Option<Arc<JoinKeyFilter>>,
+    /// The partition this join joins, by its index at each level (`3/17`; empty at
+    /// level 0), for errors.
+    path: String,
+    /// The skew counters of the level-0 join this one runs inside (`None` at level 0,
+    /// which makes its own): a nested join is no node of the plan, and its metrics
+    /// would not be seen.
+    skew: Option<SkewMetrics>,
+}
+
+/// Counters of the skewed partitions' joins.
+#[derive(Debug, Clone)]
+struct SkewMetrics {
+    /// Build pieces joined by block nested loops.
+    pieces: Count,
+    /// Build rows dropped as duplicate keys.
+    duplicates: Count,
+}
+
+impl SkewMetrics {
+    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        SkewMetrics {
+            pieces: MetricBuilder::new(metrics).counter("skew_pieces", partition),
+            duplicates: MetricBuilder::new(metrics).counter("skew_duplicates", partition),
+        }
+    }
 }
 
 impl SpillingHashJoinExec {
     /// The join of a plan: its partitions run at once.
     fn new(join: Arc<HashJoinExec>) -> Self {
         let ways = join.properties().partitioning.partition_count().max(1);
-        Self::nested(join, 0, ways)
+        Self::nested(join, 0, ways, String::new(), None)
     }
 
-    /// A join over one partition of a join partitioned `level` times, which runs
-    /// beside `ways - 1` others.
-    fn nested(join: Arc<HashJoinExec>, level: u32, ways: usize) -> Self {
+    /// A join over partition `path` of a join partitioned `level` times, which runs
+    /// beside `ways - 1` others and counts skew in `skew`.
+    fn nested(
+        join: Arc<HashJoinExec>,
+        level: u32,
+        ways: usize,
+        path: String,
+        skew: Option<SkewMetrics>,
+    ) -> Self {
         let properties = join.properties().clone();
         SpillingHashJoinExec {
             join,
@@ -133,6 +182,8 @@ impl SpillingHashJoinExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
             key_filter: None,
+            path,
+            skew,
         }
     }
 }
@@ -179,7 +230,13 @@ impl ExecutionPlan for SpillingHashJoinExec {
         let mut replaced = if self.level == 0 {
             SpillingHashJoinExec::new(join)
         } else {
-            SpillingHashJoinExec::nested(join, self.level, self.ways)
+            SpillingHashJoinExec::nested(
+                join,
+                self.level,
+                self.ways,
+                self.path.clone(),
+                self.skew.clone(),
+            )
         };
         replaced.key_filter = self.key_filter.clone();
         Ok(Arc::new(replaced))
@@ -207,6 +264,11 @@ impl ExecutionPlan for SpillingHashJoinExec {
                 .counter("spilled_partitions", partition),
             swapped_roles: MetricBuilder::new(&self.metrics).counter("swapped_roles", partition),
             key_filter: self.key_filter.clone(),
+            path: self.path.clone(),
+            skew: self
+                .skew
+                .clone()
+                .unwrap_or_else(|| SkewMetrics::new(&self.metrics, partition)),
         };
         let schema = self.join.schema();
         let stream = futures::stream::once(run.start()).try_flatten();
@@ -225,6 +287,8 @@ struct JoinRun {
     spilled_partitions: Count,
     swapped_roles: Count,
     key_filter: Option<Arc<JoinKeyFilter>>,
+    path: String,
+    skew: SkewMetrics,
 }
 
 /// Rows read from one input before deciding how to join: the batches held under
@@ -299,11 +363,7 @@ impl JoinRun {
             .join
             .left()
             .execute(left_partition, self.context.clone())?;
-        // The join's partitions run at the same time: the share of one.
-        let limit = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes / self.ways,
-            _ => usize::MAX,
-        };
+        let limit = self.limit();
         // The join's hash table costs about as much again as the rows. A build side
         // may take at most half the budget, so that the operators feeding it (often
         // other joins) keep room while it is read.
@@ -322,7 +382,6 @@ impl JoinRun {
             return self.inner_join(
                 OneShotExec::new(left.schema(), left),
                 OneShotExec::new(right_schema, right),
-                false,
             );
         }
         // Operators below the probe side that hold memory of their own (joins,
@@ -423,7 +482,6 @@ impl JoinRun {
         let joined_in_memory = self.inner_join(
             OneShotExec::new(left_schema.clone(), held),
             OneShotExec::new(right_schema.clone(), held_probe),
-            false,
         )?;
         let build_files = build.files;
         let batch_rows = self.context.session_config().batch_size();
@@ -435,19 +493,20 @@ impl JoinRun {
             let parts = build_files
                 .into_iter()
                 .zip(probe_files)
-                .filter(|(l, _)| l.is_some());
-            let joins = futures::stream::iter(parts).map(move |(l, r)| {
-                run.inner_join(
-                    OneShotExec::new(
-                        left_schema.clone(),
-                        partition_stream(&left_spill, l, batch_rows)?,
-                    ),
-                    OneShotExec::new(
-                        right_schema.clone(),
-                        partition_stream(&right_spill, r, batch_rows)?,
-                    ),
-                    true,
-                )
+                .enumerate()
+                .filter(|(_, (l, _))| l.is_some());
+            let joins = futures::stream::iter(parts).map(move |(p, (build, probe))| {
+                run.clone().partition_join(SpilledPartition {
+                    path: match run.path.as_str() {
+                        "" => p.to_string(),
+                        parent => format!("{parent}/{p}"),
+                    },
+                    build,
+                    probe,
+                    build_spill: left_spill.clone(),
+                    probe_spill: right_spill.clone(),
+                    batch_rows,
+                })
             });
             Ok::<_, DataFusionError>(joins.try_flatten())
         })
@@ -496,25 +555,316 @@ impl JoinRun {
             .build()
     }
 
-    /// Runs the wrapped join on one-partition inputs; `nested` wraps it again one
-    /// level deeper so that a partition still too large is split again.
+    /// Runs the wrapped join on one-partition inputs.
     fn inner_join(
         &self,
         left: OneShotExec,
         right: OneShotExec,
-        nested: bool,
     ) -> DfResult<SendableRecordBatchStream> {
-        let join = self.over(left, right)?;
-        let plan: Arc<dyn ExecutionPlan> = if nested && self.level < MAX_LEVEL {
-            Arc::new(SpillingHashJoinExec::nested(
+        self.over(left, right)?.execute(0, self.context.clone())
+    }
+
+    /// This run's share of the budget: the join's partitions run at the same time.
+    fn limit(&self) -> usize {
+        match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes / self.ways,
+            _ => usize::MAX,
+        }
+    }
+
+    /// Joins a spilled partition: one level deeper (so that a partition still too
+    /// large is split again) while levels are left, else by [`JoinRun::final_join`].
+    fn partition_join(
+        self: Arc<Self>,
+        part: SpilledPartition,
+    ) -> DfResult<SendableRecordBatchStream> {
+        if self.level < MAX_LEVEL {
+            let join = self.over(
+                OneShotExec::new(part.build_spill.schema().clone(), part.build_stream()?),
+                OneShotExec::new(part.probe_spill.schema().clone(), part.probe_stream()?),
+            )?;
+            let nested = SpillingHashJoinExec::nested(
                 Arc::new(join),
                 self.level + 1,
                 self.ways,
-            ))
-        } else {
-            Arc::new(join)
+                part.path,
+                Some(self.skew.clone()),
+            );
+            return nested.execute(0, self.context.clone());
+        }
+        let schema = self.join.schema();
+        let joined = futures::stream::once(self.final_join(part)).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, joined)))
+    }
+
+    /// Joins a partition at the last level: as is if its build side fits; if not,
+    /// it holds a key too frequent for the budget (see the module docs).
+    async fn final_join(
+        self: Arc<Self>,
+        part: SpilledPartition,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let limit = self.limit();
+        let build_schema = part.build_spill.schema().clone();
+        let probe_schema = part.probe_spill.schema().clone();
+        let mut rows = part.build_stream()?;
+        let build = Prefix::read(&mut rows, self.consumer("build"), limit / 2).await?;
+        let fits = build.overflow.is_none();
+        if fits || union_over_build(*self.join.join_type()) {
+            let rows = build.chain(build_schema.clone(), rows);
+            if fits {
+                return self.inner_join(
+                    OneShotExec::new(build_schema, rows),
+                    OneShotExec::new(probe_schema, part.probe_stream()?),
+                );
+            }
+            return Ok(self.block_nested_loop(rows, part, limit / 2));
+        }
+        // Memory goes back before the build side is read again.
+        drop(build);
+        drop(rows);
+        if self.build_keys_only() {
+            if let Some(distinct) = self.distinct_build(&part, limit / 2).await? {
+                return self.inner_join(
+                    OneShotExec::new(build_schema, distinct),
+                    OneShotExec::new(probe_schema, part.probe_stream()?),
+                );
+            }
+        }
+        if self.swappable() {
+            let mut probe_rows = part.probe_stream()?;
+            let probe = Prefix::read(&mut probe_rows, self.consumer("probe"), limit / 4).await?;
+            if probe.overflow.is_none() {
+                self.swapped_roles.add(1);
+                let probe_rows = probe.chain(probe_schema, probe_rows);
+                return self.swapped_join(part.build_stream()?, probe_rows);
+            }
+        }
+        Err(self.skew_error(&part).await)
+    }
+
+    /// The join of a build side too large for memory as the union of its pieces'
+    /// joins (see [`union_over_build`]): pieces of `rows` up to `cap` bytes (as
+    /// [`build_cost`] counts them), each joined with the whole probe partition, read
+    /// again for each. A piece is read only once the previous one's join is done and
+    /// has given its memory back.
+    fn block_nested_loop(
+        self: Arc<Self>,
+        rows: SendableRecordBatchStream,
+        part: SpilledPartition,
+        cap: usize,
+    ) -> SendableRecordBatchStream {
+        let schema = self.join.schema();
+        let state = Some((rows, None, self, part));
+        let joins = futures::stream::unfold(state, move |state| async move {
+            let (mut rows, mut pending, run, part) = state?;
+            let piece = match run.next_piece(&mut rows, &mut pending, cap).await {
+                Ok(Some(piece)) => piece,
+                Ok(None) => return None,
+                Err(e) => return Some((Err(e), None)),
+            };
+            run.skew.pieces.add(1);
+            let (batches, reservation) = piece;
+            let build_schema = part.build_spill.schema().clone();
+            let joined = part.probe_stream().and_then(|probe| {
+                run.inner_join(
+                    OneShotExec::new(
+                        build_schema.clone(),
+                        reserved_stream(build_schema, batches, reservation, build_cost),
+                    ),
+                    OneShotExec::new(part.probe_spill.schema().clone(), probe),
+                )
+            });
+            match joined {
+                Ok(joined) => Some((Ok(joined), Some((rows, pending, run, part)))),
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Box::pin(RecordBatchStreamAdapter::new(schema, joins.try_flatten()))
+    }
+
+    /// The next piece of `rows` that fits `cap` bytes, under a reservation of its
+    /// own (`None` once `rows` ended). `pending` is a batch not yet wholly taken and
+    /// the offset of its first row left. A batch that does not fit whole is cut, its
+    /// rows copied out: a slice would be counted at its whole batch's size.
+    async fn next_piece(
+        &self,
+        rows: &mut SendableRecordBatchStream,
+        pending: &mut Option<(RecordBatch, usize)>,
+        cap: usize,
+    ) -> DfResult<Option<(Vec<RecordBatch>, MemoryReservation)>> {
+        let reservation = self.consumer("skewed build piece");
+        let mut piece = Vec::new();
+        loop {
+            let (batch, offset) = match pending.take() {
+                Some(p) => p,
+                None => match rows.next().await {
+                    Some(batch) => (batch?, 0),
+                    None => break,
+                },
+            };
+            let total = batch.num_rows();
+            if offset >= total {
+                continue;
+            }
+            let cost = build_cost(&batch);
+            if offset == 0 && reservation.size() + cost <= cap && reservation.try_grow(cost).is_ok()
+            {
+                piece.push(batch);
+                continue;
+            }
+            let per_row = cost.div_ceil(total).max(1);
+            let room = cap.saturating_sub(reservation.size());
+            let mut take = (room / per_row).min(total - offset);
+            if take == 0 {
+                if !piece.is_empty() {
+                    *pending = Some((batch, offset));
+                    break;
+                }
+                // At least a row a piece, or the loop would not advance.
+                take = 1;
+            }
+            let head = take_rows(&batch, (offset..offset + take).map(|i| i as u32).collect())?;
+            match reservation.try_grow(build_cost(&head)) {
+                Ok(()) => piece.push(head),
+                Err(e) if piece.is_empty() => return Err(e),
+                Err(_) => {
+                    *pending = Some((batch, offset));
+                    break;
+                }
+            }
+            if offset + take < total {
+                // The piece is full.
+                *pending = Some((batch, offset + take));
+                break;
+            }
+        }
+        Ok((!piece.is_empty()).then_some((piece, reservation)))
+    }
+
+    /// Whether the build side contributes only its keys to the join: the output is
+    /// probe rows (and a mark), and a filter, if any, reads no build column.
+    fn build_keys_only(&self) -> bool {
+        matches!(
+            self.join.join_type(),
+            JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark
+        ) && self
+            .join
+            .filter()
+            .is_none_or(|f| f.column_indices().iter().all(|c| c.side != JoinSide::Left))
+    }
+
+    /// The build partition with one row per key value, under a reservation, if
+    /// those rows (and the set of keys) fit `cap` bytes.
+    async fn distinct_build(
+        &self,
+        part: &SpilledPartition,
+        cap: usize,
+    ) -> DfResult<Option<SendableRecordBatchStream>> {
+        let schema = part.build_spill.schema().clone();
+        let keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
+        let mut distinct = DistinctKeys::new(keys, &schema)?;
+        let reservation = self.consumer("distinct build keys");
+        let mut kept = Vec::new();
+        let mut dropped = 0;
+        let mut rows = part.build_stream()?;
+        while let Some(batch) = rows.next().await {
+            let batch = batch?;
+            let (new, key_bytes) = distinct.filter(&batch)?;
+            let need = new.as_ref().map_or(0, build_cost) + key_bytes;
+            if reservation.size() + need > cap || reservation.try_grow(need).is_err() {
+                return Ok(None);
+            }
+            dropped += batch.num_rows() - new.as_ref().map_or(0, RecordBatch::num_rows);
+            kept.extend(new);
+        }
+        // The set of keys is dropped here; `reserved_stream` gives its share back.
+        drop(distinct);
+        self.skew.duplicates.add(dropped);
+        Ok(Some(reserved_stream(schema, kept, reservation, build_cost)))
+    }
+
+    /// [`crate::Error::Skew`] for a build partition that nothing lets this join
+    /// run within the budget, naming its most frequent key.
+    async fn skew_error(&self, part: &SpilledPartition) -> DataFusionError {
+        let keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
+        let counted = match part.build_stream() {
+            Ok(rows) => most_frequent_key(rows, &keys, self.consumer("skewed keys")).await,
+            Err(e) => Err(e),
         };
-        plan.execute(0, self.context.clone())
+        let budget = match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes,
+            _ => usize::MAX,
+        };
+        match counted {
+            Ok(Some(top)) => skew_error(
+                join_kernel(*self.join.join_type()),
+                &part.path,
+                self.level,
+                top,
+                budget,
+            ),
+            // Not reached: a build partition too large has rows.
+            Ok(None) => DataFusionError::Internal(format!(
+                "hash join partition {} too large but without rows",
+                part.path
+            )),
+            Err(e) => e,
+        }
+    }
+}
+
+/// A partition a hybrid join spilled: its build and probe rows' files (`None`: no
+/// rows), which can be read more than once.
+struct SpilledPartition {
+    /// Its index at each level, `3/17`.
+    path: String,
+    build: Option<Arc<dyn SpillFile>>,
+    probe: Option<Arc<dyn SpillFile>>,
+    build_spill: Arc<SpillManager>,
+    probe_spill: Arc<SpillManager>,
+    /// Rows of the batches read back.
+    batch_rows: usize,
+}
+
+impl SpilledPartition {
+    fn build_stream(&self) -> DfResult<SendableRecordBatchStream> {
+        partition_stream(&self.build_spill, self.build.clone(), self.batch_rows)
+    }
+
+    fn probe_stream(&self) -> DfResult<SendableRecordBatchStream> {
+        partition_stream(&self.probe_spill, self.probe.clone(), self.batch_rows)
+    }
+}
+
+/// Whether a join of this type is the union of the joins of its build side's
+/// pieces with the whole probe side: each build row's output depends on that row
+/// and the probe side only. Not so where a probe row's output depends on the whole
+/// build side (right, full, right semi, right anti, right mark joins).
+fn union_over_build(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Inner
+            | JoinType::Left
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
+    )
+}
+
+/// The join, for [`crate::Error::Skew`]: DataFusion's join type, whose left input
+/// is the build side (a SQL `LEFT JOIN` built on its right table is a `Right` join).
+fn join_kernel(join_type: JoinType) -> &'static str {
+    match join_type {
+        JoinType::Inner => "hash join (Inner)",
+        JoinType::Left => "hash join (Left)",
+        JoinType::Right => "hash join (Right)",
+        JoinType::Full => "hash join (Full)",
+        JoinType::LeftSemi => "hash join (LeftSemi)",
+        JoinType::RightSemi => "hash join (RightSemi)",
+        JoinType::LeftAnti => "hash join (LeftAnti)",
+        JoinType::RightAnti => "hash join (RightAnti)",
+        JoinType::LeftMark => "hash join (LeftMark)",
+        JoinType::RightMark => "hash join (RightMark)",
     }
 }
 
@@ -576,9 +926,12 @@ mod tests {
     use super::*;
     use crate::budget::Budget;
     use crate::env::FrameEnv;
+    use crate::error::Error;
     use crate::frame::RemoteFrame;
     use crate::query::test_env::local_env;
     use crate::query::{QueryOutput, QuerySession};
+    use arrow_array::{ArrayRef, Int64Array, StringArray};
+    use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
 
     /// Rows of each table.
     const ROWS: i64 = 40_000;
@@ -823,5 +1176,222 @@ mod tests {
         let text = out.explain_analyze();
         assert!(join_metric(&out, "spilled_partitions") > 0, "{text}");
         assert_eq!(chunks_pruned(&out), 7, "{text}");
+    }
+
+    /// A frame of the arrow columns `cols`, in one record batch.
+    fn frame_of(env: &FrameEnv, cols: Vec<(&str, ArrayRef)>) -> RemoteFrame {
+        let batch = RecordBatch::try_from_iter(cols).unwrap();
+        RemoteFrame::from_record_batches(env, &[batch]).unwrap()
+    }
+
+    /// The rows of `batches` as a multiset: encoded and sorted.
+    fn row_multiset(batches: &[RecordBatch]) -> Vec<OwnedRow> {
+        let Some(first) = batches.first() else {
+            return Vec::new();
+        };
+        let fields = first
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect();
+        let converter = RowConverter::new(fields).unwrap();
+        let mut rows: Vec<OwnedRow> = batches
+            .iter()
+            .flat_map(|b| {
+                let rows = converter.convert_columns(b.columns()).unwrap();
+                rows.iter().map(|r| r.owned()).collect::<Vec<_>>()
+            })
+            .collect();
+        rows.sort_unstable();
+        rows
+    }
+
+    /// Key 7 repeated.
+    const HOT: i64 = 7;
+    const SKEWED_ROWS: i64 = 8_000;
+    const PROBE_ROWS: i64 = 20_000;
+
+    /// `s` (the smaller side, built): half its rows have key [`HOT`], the others
+    /// unique keys. `p` (larger, probing): unique keys (those of `s`'s odd rows among
+    /// them), and [`HOT`] on every 500th row: enough rows of it that its partition
+    /// never fits a quarter of the budget, so roles never swap on the way down.
+    fn skewed_frames() -> (FrameEnv, Vec<(&'static str, RemoteFrame)>) {
+        let env = local_env(2, 128 << 20);
+        let s_key = (0..SKEWED_ROWS).map(|i| if i % 2 == 0 { HOT } else { 100_000 + i });
+        let s = frame_of(
+            &env,
+            vec![
+                (
+                    "k",
+                    Arc::new(Int64Array::from_iter_values(s_key)) as ArrayRef,
+                ),
+                ("v", Arc::new(Int64Array::from_iter_values(0..SKEWED_ROWS))),
+            ],
+        );
+        let p_key = (0..PROBE_ROWS).map(|i| if i % 500 == 0 { HOT } else { 100_000 + i });
+        let pad = (0..PROBE_ROWS).map(|i| format!("{i:0>100}"));
+        let p = frame_of(
+            &env,
+            vec![
+                (
+                    "k",
+                    Arc::new(Int64Array::from_iter_values(p_key)) as ArrayRef,
+                ),
+                ("w", Arc::new(Int64Array::from_iter_values(0..PROBE_ROWS))),
+                ("pad", Arc::new(StringArray::from_iter_values(pad))),
+            ],
+        );
+        (env, vec![("s", s), ("p", p)])
+    }
+
+    /// A tenth of `s`'s bytes.
+    fn skew_budget(frames: &[(&str, RemoteFrame)]) -> u64 {
+        frames[0].1.data_bytes() / 10
+    }
+
+    /// A session over `frames` at `budget` (`None`: unlimited).
+    fn session_at(
+        env: &FrameEnv,
+        frames: &[(&str, RemoteFrame)],
+        budget: Option<u64>,
+    ) -> QuerySession {
+        let env = env.with_budget(Budget::from_limit(budget).unwrap());
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        for (name, frame) in frames {
+            session.register(name, frame).unwrap();
+        }
+        session
+    }
+
+    /// Runs `sql` unbudgeted and at `budget`; checks the answers are the same rows,
+    /// the peak within the budget and nothing left allocated; returns the budgeted
+    /// run.
+    fn same_as_unbudgeted(
+        env: &FrameEnv,
+        frames: &[(&str, RemoteFrame)],
+        budget: u64,
+        sql: &str,
+        rows: usize,
+    ) -> QueryOutput {
+        let want = session_at(env, frames, None).sql(sql).unwrap();
+        assert_eq!(want.rows(), rows, "{sql}");
+        let session = session_at(env, frames, Some(budget));
+        let plan = session.explain(sql).unwrap();
+        let got = session
+            .sql(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}\n{plan}"));
+        let text = got.explain_analyze();
+        assert!(
+            row_multiset(got.batches()) == row_multiset(want.batches()),
+            "{sql}: answers differ\n{text}"
+        );
+        assert!(
+            got.stats().peak_local_bytes <= budget,
+            "{sql}: peak {} over {budget}\n{text}",
+            got.stats().peak_local_bytes
+        );
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        got
+    }
+
+    #[test]
+    fn a_key_too_frequent_for_the_budget_is_joined_piece_by_piece() {
+        let (env, frames) = skewed_frames();
+        let sql = "SELECT s.k, s.v, p.w, p.pad FROM s JOIN p ON s.k = p.k";
+        // 4,000 build rows of HOT meet 40 probe rows; the 4,000 odd rows match once.
+        let rows = 4_000 * 40 + 4_000;
+        let out = same_as_unbudgeted(&env, &frames, skew_budget(&frames), sql, rows);
+        let text = out.explain_analyze();
+        assert!(join_metric(&out, "skew_pieces") > 1, "{text}");
+        assert_eq!(join_metric(&out, "skew_duplicates"), 0, "{text}");
+    }
+
+    #[test]
+    fn joins_preserving_build_rows_are_joined_piece_by_piece_too() {
+        // Each build row's output depends on that row and the probe side only:
+        // rows unmatched in a piece are unmatched in all. The filter leaves the half
+        // of HOT's build rows with v % 4 = 0 (p's rows of HOT have w % 4 = 0) and
+        // every odd row (v = w) unmatched. The filter on `pad` (always true) keeps
+        // the probe rows wide, so that roles never swap on the way down.
+        let (env, frames) = skewed_frames();
+        let budget = skew_budget(&frames);
+        let on = "p.k = s.k AND p.w % 4 <> s.v % 4 AND p.pad <> CAST(s.v AS VARCHAR)";
+        for (sql, join_type, rows) in [
+            (
+                format!("SELECT s.k, s.v, p.w, p.pad FROM s LEFT JOIN p ON {on}"),
+                "join_type=Left,",
+                2_000 * 40 + 2_000 + 4_000,
+            ),
+            (
+                format!("SELECT s.k, s.v FROM s WHERE EXISTS (SELECT 1 FROM p WHERE {on})"),
+                "join_type=LeftSemi,",
+                2_000,
+            ),
+            (
+                format!("SELECT s.k, s.v FROM s WHERE NOT EXISTS (SELECT 1 FROM p WHERE {on})"),
+                "join_type=LeftAnti,",
+                2_000 + 4_000,
+            ),
+        ] {
+            let out = same_as_unbudgeted(&env, &frames, budget, &sql, rows);
+            let text = out.explain_analyze();
+            assert!(text.contains(join_type), "{sql}: {text}");
+            assert!(join_metric(&out, "skew_pieces") > 1, "{sql}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_semi_or_anti_join_keeps_one_build_row_of_a_frequent_key() {
+        let (env, frames) = skewed_frames();
+        let budget = skew_budget(&frames);
+        for (sql, rows) in [
+            (
+                "SELECT p.k, p.w, p.pad FROM p WHERE EXISTS (SELECT 1 FROM s WHERE s.k = p.k)",
+                40 + 4_000,
+            ),
+            (
+                "SELECT p.k, p.w, p.pad FROM p WHERE p.k IN (SELECT k FROM s)",
+                40 + 4_000,
+            ),
+            (
+                "SELECT p.k, p.w, p.pad FROM p \
+                 WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.k = p.k)",
+                PROBE_ROWS as usize - 40 - 4_000,
+            ),
+        ] {
+            let out = same_as_unbudgeted(&env, &frames, budget, sql, rows);
+            let text = out.explain_analyze();
+            assert!(text.contains("join_type=Right"), "{sql}: {text}");
+            // All but one of the build rows of HOT dropped.
+            assert!(
+                join_metric(&out, "skew_duplicates") >= 3_999,
+                "{sql}: {text}"
+            );
+            assert_eq!(join_metric(&out, "skew_pieces"), 0, "{sql}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_left_join_built_on_a_frequent_key_fails_naming_it() {
+        let (env, frames) = skewed_frames();
+        // `p` is preserved and larger: `s` is built, as a right join's build side,
+        // whose probe rows each depend on every build row of their key.
+        let sql = "SELECT p.k, p.w, p.pad, s.v FROM p LEFT JOIN s ON p.k = s.k";
+        let session = session_at(&env, &frames, Some(skew_budget(&frames)));
+        let plan = session.explain(sql).unwrap();
+        assert!(plan.contains("join_type=Right"), "{plan}");
+        let err = session.sql(sql).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(&err, Error::Skew { kernel, key, level, .. }
+                if key == "k=7" && kernel.contains("hash join") && *level == MAX_LEVEL),
+            "{text}"
+        );
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        // The session still answers.
+        assert_eq!(session.sql("SELECT count(*) FROM s").unwrap().rows(), 1);
     }
 }

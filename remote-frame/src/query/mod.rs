@@ -60,6 +60,7 @@ mod owned;
 mod peak;
 mod reserved_pool;
 mod scan;
+mod skew;
 mod spill;
 mod stage;
 mod stats;
@@ -459,7 +460,9 @@ impl QuerySession {
     /// [`Error::Unsupported`] for SQL the engine cannot run (named in the message),
     /// refused before anything runs; [`Error::UnknownName`] for unknown tables or
     /// columns; [`Error::Query`] for type errors; [`Error::OutOfBudget`] when an
-    /// operator that cannot spill needs more than the budget; transport errors from the
+    /// operator that cannot spill needs more than the budget; [`Error::Skew`] when a
+    /// join whose type needs a build side's rows of one key at once, or a group's
+    /// state, holds a key too frequent for the budget; transport errors from the
     /// scans.
     pub fn sql(&self, sql: &str) -> Result<QueryOutput> {
         self.run(|| self.plan(sql))
