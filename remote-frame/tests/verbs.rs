@@ -246,6 +246,7 @@ fn group_by_with_one_huge_group_reports_the_key() {
     let df = df!("k" => vec![5i64; 4000], "v" => (0..4000i64).collect::<Vec<_>>()).unwrap();
     let frame = RemoteFrame::from_polars(&base, &df).unwrap();
     let env = base.with_budget(Budget::bytes(frame.data_bytes() / 10).unwrap());
+    let before = common::available(&base);
     let err = frame
         .with_env(&env)
         // A median holds its group's values: one group cannot be split.
@@ -253,6 +254,15 @@ fn group_by_with_one_huge_group_reports_the_key() {
         .unwrap_err();
     assert!(matches!(err, Error::Skew { .. }), "{err}");
     assert!(err.to_string().contains("k=5"), "{err}");
+    assert_eq!(common::available(&base), before, "nothing left allocated");
+    // A sum's state does not grow with its group: the same group is summed.
+    let sums = frame
+        .with_env(&env)
+        .group_by(&["k"], [sum(col("v"))])
+        .unwrap()
+        .to_polars()
+        .unwrap();
+    assert_eq!(sums.height(), 1);
 }
 
 #[test]
