@@ -8,6 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ ! -x "${CARGO_TARGET_DIR:-target}/release/tpcds-main" ]; then
-    echo "main: the first run builds the engine (DataFusion, Polars) in release: about 25 minutes on 2 cores; later runs start at once" >&2
+    echo "main: the first run builds the engine (Arrow, DataFusion) in release: about 20 minutes on 2 cores; later runs start at once" >&2
 fi
 cargo run --release -p scad-tpcds --bin tpcds-main -- "$@"
