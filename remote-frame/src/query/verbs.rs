@@ -249,9 +249,11 @@ impl RemoteFrame {
                 "sort needs at least one sort key".into(),
             ));
         }
+        // The row index breaks ties: the order is total, so partitions sorted apart
+        // and merged give the frame's order among equal keys.
         by.push(column(ROW).sort(true, false));
         let columns = self.own_columns();
-        self.run_verb(true, true, move |q| {
+        self.run_verb(false, true, move |q| {
             let q = q.sort(by)?;
             let q = match limit {
                 Some(n) => q.limit(0, Some(n))?,
