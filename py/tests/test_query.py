@@ -298,14 +298,16 @@ def test_a_big_join_at_a_tiny_budget_spills_and_matches_polars(env):
 
 
 def test_a_one_key_join_over_the_budget_raises_budget_exceeded_and_frees_its_spills(env, store):
-    # Every row shares one key: the build side cannot be split by hashing.
+    # Every row shares one key: the build side cannot be split by hashing. An inner
+    # join would go through it piece by piece; a full join keeps every build row and
+    # cannot, so it names the key.
     f = pl.DataFrame({"k": pl.Series([1] * 20_000, dtype=pl.Int64), "qty": pl.Series(range(20_000), dtype=pl.Int64)})
     d = pl.DataFrame({"d": pl.Series([1] * 20_000, dtype=pl.Int64), "w": pl.Series(range(20_000), dtype=pl.Int64)})
     rf, rd = scad.RemoteFrame.from_polars(env, f), scad.RemoteFrame.from_polars(env, d)
     tiny = scad.FrameEnv(store, budget=(rf.nbytes + rd.nbytes) // 50)
     session = scad.QuerySession(tiny, fact=rf, dim=rd)
-    with pytest.raises(scad.BudgetExceededError, match="budget"):
-        session.sql("SELECT f.qty, d.w FROM fact f JOIN dim d ON f.k = d.d")
+    with pytest.raises(scad.BudgetExceededError, match=r"skewed key .* (k|d)=1"):
+        session.sql("SELECT f.qty, d.w FROM fact f FULL JOIN dim d ON f.k = d.d")
     assert session.spill_bytes_held == 0
     # The session still answers what fits.
     assert session.sql("SELECT count(*) AS n FROM fact").to_polars()["n"][0] == 20_000
