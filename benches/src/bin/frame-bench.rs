@@ -1,7 +1,7 @@
-//! RemoteFrame kernel benchmark: a grace hash join of N x N rows through tcp memory
-//! servers at local budgets of 100%, 25% and 5% of the build side, and a group-by of
-//! N rows, each against Polars in memory with unlimited memory, measured in the same
-//! run.
+//! RemoteFrame verb benchmark (the verbs run on the query engine): a join of N x N rows
+//! through tcp memory servers at local budgets of 100%, 25% and 5% of the build side,
+//! and a group-by of N rows, each against Polars in memory with unlimited memory,
+//! measured in the same run.
 //!
 //! ```text
 //! cargo run --release -p scad-benches --features polars-baselines --bin frame-bench [-- --rows 10000000]
@@ -219,7 +219,7 @@ fn main() -> Result<()> {
         }
         rows.push(Row {
             bench: "join",
-            variant: format!("grace hash join {n} x {n}, budget {pct}% of build side"),
+            variant: format!("join {n} x {n}, budget {pct}% of build side"),
             times,
             stats,
             budget: Some(budget),
@@ -361,7 +361,7 @@ fn write_results(dir: &std::path::Path, rows: &[Row], n: usize, reps: usize) -> 
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut md = String::new();
-    md.push_str("# RemoteFrame kernel benchmarks\n\n");
+    md.push_str("# RemoteFrame verb benchmarks\n\n");
     md.push_str("`cargo run --release -p scad-benches --features polars-baselines --bin frame-bench` — in-process memory servers over loopback tcp, 2 cores shared by servers, client and other work. Join keys are int64, unique, in scrambled order on both sides; each side has two payload columns. Times are medians (min..max) of the repetitions; ratios are against Polars in memory with unlimited memory, measured in the same run. Peak local bytes are the peak reservation of the query engine's memory pool.\n\n");
     md.push_str(&format!("Rows per side: {n}; repetitions {reps} (baselines and the 25% join; the others once). Load average at the end: {}.\n\n", load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")));
     md.push_str("| bench | variant | median s (min..max) | budget MiB | peak local MiB | MiB in / out | spill files | vs baseline | target | verdict |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
@@ -420,7 +420,7 @@ fn plot(path: &std::path::Path, rows: &[Row]) -> Result<()> {
     let max = shown.iter().map(|r| r.median()).fold(0.0, f64::max) * 1.15;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "RemoteFrame kernels vs Polars in memory (seconds, lower is better)",
+            "RemoteFrame verbs vs Polars in memory (seconds, lower is better)",
             ("sans-serif", 22),
         )
         .margin(15)
