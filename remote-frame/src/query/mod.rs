@@ -378,14 +378,21 @@ impl QuerySession {
     /// [`Error::Stale`] for a frame that was freed or whose memory no longer holds it;
     /// [`Error::Query`].
     pub fn register(&self, name: &str, frame: &RemoteFrame) -> Result<()> {
+        self.add_table(name, frame, None)
+    }
+
+    /// As [`QuerySession::register`], the table with a row index column if asked
+    /// (see [`RemoteTable::new`]).
+    fn add_table(&self, name: &str, frame: &RemoteFrame, row_index: Option<&str>) -> Result<()> {
         if name.trim().is_empty() {
             return Err(Error::InvalidArgument(
                 "a table name must not be empty".into(),
             ));
         }
         frame.check_seal()?;
+        let table = RemoteTable::new(frame.clone(), row_index)?;
         self.ctx
-            .register_table(name, Arc::new(RemoteTable::new(frame.clone())?))
+            .register_table(name, Arc::new(table))
             .map_err(query_error)?;
         self.tables
             .lock()
@@ -537,16 +544,7 @@ impl QuerySession {
         frame: &RemoteFrame,
         row_index: &str,
     ) -> Result<()> {
-        frame.check_seal()?;
-        let table = RemoteTable::with_row_index(frame.clone(), row_index)?;
-        self.ctx
-            .register_table(name, Arc::new(table))
-            .map_err(query_error)?;
-        self.tables
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.to_owned(), frame.clone());
-        Ok(())
+        self.add_table(name, frame, Some(row_index))
     }
 
     /// Bytes of remote memory held by spill files now (0 between queries: every

@@ -52,55 +52,51 @@ pub(crate) struct RemoteTable {
 }
 
 impl RemoteTable {
-    /// # Errors
-    /// As [`RemoteFrame::arrow_schema`].
-    pub(crate) fn new(frame: RemoteFrame) -> crate::Result<Self> {
-        let schema = frame.arrow_schema()?;
-        let stats = Arc::new(ChunkStatistics::new(schema.clone(), &frame.meta().chunks));
-        Ok(RemoteTable {
-            frame,
-            schema,
-            stats,
-            chunk_starts: None,
-        })
-    }
-
-    /// The table with one more column, `name` (UInt64, last): each row's position
-    /// in the frame. It costs no reading (it is computed from the chunks' row
-    /// counts) and gives operators that need the frame's order (a stable sort,
-    /// first and last values) a key for it.
+    /// The frame as a table; with `row_index`, one more column of that name (UInt64,
+    /// last): each row's position in the frame. It costs no reading (it is computed
+    /// from the chunks' row counts) and gives operators that need the frame's order
+    /// (a stable sort, first and last values) a key for it.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] when the frame has a column `name`.
-    pub(crate) fn with_row_index(frame: RemoteFrame, name: &str) -> crate::Result<Self> {
+    /// As [`RemoteFrame::arrow_schema`]; [`crate::Error::InvalidArgument`] when the
+    /// frame has a column named `row_index`.
+    pub(crate) fn new(frame: RemoteFrame, row_index: Option<&str>) -> crate::Result<Self> {
         let stored = frame.arrow_schema()?;
-        if stored.index_of(name).is_ok() {
-            return Err(crate::Error::InvalidArgument(format!(
-                "the row index column {name:?} is already a column of the frame"
-            )));
-        }
-        let mut fields: Vec<_> = stored.fields().iter().cloned().collect();
-        fields.push(Arc::new(arrow_schema::Field::new(
-            name,
-            arrow_schema::DataType::UInt64,
-            false,
-        )));
-        let schema = Arc::new(arrow_schema::Schema::new(fields));
         let chunks = &frame.meta().chunks;
-        let starts = chunks
-            .iter()
-            .scan(0u64, |next, c| {
-                let start = *next;
-                *next += c.rows;
-                Some(start)
-            })
-            .collect();
+        let (schema, chunk_starts) = match row_index {
+            None => (stored, None),
+            Some(name) => {
+                if stored.index_of(name).is_ok() {
+                    return Err(crate::Error::InvalidArgument(format!(
+                        "the row index column {name:?} is already a column of the frame"
+                    )));
+                }
+                let mut fields: Vec<_> = stored.fields().iter().cloned().collect();
+                fields.push(Arc::new(arrow_schema::Field::new(
+                    name,
+                    arrow_schema::DataType::UInt64,
+                    false,
+                )));
+                let starts = chunks
+                    .iter()
+                    .scan(0u64, |next, c| {
+                        let start = *next;
+                        *next += c.rows;
+                        Some(start)
+                    })
+                    .collect();
+                (
+                    Arc::new(arrow_schema::Schema::new(fields)),
+                    Some(Arc::new(starts)),
+                )
+            }
+        };
         let stats = Arc::new(ChunkStatistics::new(schema.clone(), chunks));
         Ok(RemoteTable {
             frame,
             schema,
             stats,
-            chunk_starts: Some(Arc::new(starts)),
+            chunk_starts,
         })
     }
 }
