@@ -148,14 +148,25 @@ pub struct PyQuerySession {
 #[pymethods]
 impl PyQuerySession {
     /// A session whose queries stay within `env`'s budget and spill to its memory
-    /// elements.
+    /// elements; `partitions` pins the number of partitions plans use (None: as many
+    /// as the budget and this machine's cores give). Processes that run stages of one
+    /// query must plan it with the same partitions.
     #[new]
-    fn new(py: Python<'_>, env: &PyFrameEnv) -> PyResult<Self> {
+    #[pyo3(signature = (env, partitions=None))]
+    fn new(py: Python<'_>, env: &PyFrameEnv, partitions: Option<usize>) -> PyResult<Self> {
+        if partitions == Some(0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "partitions must be at least 1",
+            ));
+        }
         let env = env.inner.clone();
         detach(py, move || {
-            QuerySession::new(&env)
-                .map(|inner| PyQuerySession { inner })
-                .map_err(frame_err)
+            match partitions {
+                Some(p) => QuerySession::with_partitions(&env, p),
+                None => QuerySession::new(&env),
+            }
+            .map(|inner| PyQuerySession { inner })
+            .map_err(frame_err)
         })
     }
 
@@ -194,7 +205,8 @@ impl PyQuerySession {
     }
 
     /// The stages of `query` (see `QuerySession::stages` in scad-remote-frame) as JSON:
-    /// `{"stages": [{"id", "inputs", "operator", "partitions", "columns"}], "ordered"}`.
+    /// `{"stages": [{"id", "inputs", "operator", "partitions", "tasks", "columns"}],
+    /// "ordered"}`.
     fn stages(&self, py: Python<'_>, query: &str) -> PyResult<String> {
         detach(py, || {
             let plan = self.inner.stages(query).map_err(frame_err)?;
@@ -203,50 +215,34 @@ impl PyQuerySession {
         })
     }
 
-    /// Runs stage `stage` of `query` from its inputs' outputs (`inputs`: stage number
-    /// -> the frame metadata JSON of each of its output partitions) and writes its
-    /// output to memory elements; returns the output's frame metadata (one per
-    /// partition) and what the stage did (as `QueryResult.stats`, plus
-    /// `bytes_written`).
+    /// Runs every task of stage `stage` of `query` here from its inputs' outputs
+    /// (`inputs`: stage number -> for each partition of its output, the frame metadata
+    /// JSON of the frames that make it up) and writes its output to memory elements;
+    /// returns the output in the same shape and what the stage did (as
+    /// `QueryResult.stats`, plus `bytes_written`).
     fn run_stage<'py>(
         &self,
         py: Python<'py>,
         query: &str,
         stage: usize,
-        inputs: std::collections::BTreeMap<usize, Vec<String>>,
-    ) -> PyResult<(Vec<String>, Bound<'py, PyDict>)> {
-        let env = self.inner.env().clone();
-        let (metas, stats, written) = detach(py, || {
-            let mut frames = std::collections::BTreeMap::new();
-            for (id, metas) in &inputs {
-                let opened = metas
-                    .iter()
-                    .map(|m| scad_remote_frame::RemoteFrame::from_json(&env, m))
-                    .collect::<scad_remote_frame::Result<Vec<_>>>()
-                    .map_err(frame_err)?;
-                frames.insert(*id, opened);
-            }
-            let out = self
-                .inner
-                .run_stage(query, stage, &frames)
-                .map_err(frame_err)?;
-            let metas = out
-                .frames
-                .iter()
-                .map(|f| f.to_json())
-                .collect::<scad_remote_frame::Result<Vec<_>>>()
-                .map_err(frame_err)?;
-            Ok::<_, PyErr>((metas, out.stats, out.bytes_written))
-        })?;
-        let d = PyDict::new(py);
-        d.set_item("elapsed_s", stats.elapsed.as_secs_f64())?;
-        d.set_item("rows", stats.rows)?;
-        d.set_item("peak_local_bytes", stats.peak_local_bytes)?;
-        d.set_item("budget", stats.budget.limit())?;
-        d.set_item("scan_bytes", stats.scan_bytes)?;
-        d.set_item("spill_files", stats.spill_files)?;
-        d.set_item("bytes_written", written)?;
-        Ok((metas, d))
+        inputs: StageMetas,
+    ) -> PyResult<(Vec<Vec<String>>, Bound<'py, PyDict>)> {
+        self.run(py, query, stage, None, inputs)
+    }
+
+    /// Runs task `task` of stage `stage` of `query` (the stage's tasks need nothing from
+    /// each other: run them in any processes, at the same time); returns the frames it
+    /// wrote for each partition of the stage's output and what it did. The stage's
+    /// output is its tasks' outputs concatenated partition by partition.
+    fn run_stage_task<'py>(
+        &self,
+        py: Python<'py>,
+        query: &str,
+        stage: usize,
+        task: usize,
+        inputs: StageMetas,
+    ) -> PyResult<(Vec<Vec<String>>, Bound<'py, PyDict>)> {
+        self.run(py, query, stage, Some(task), inputs)
     }
 
     /// Bytes of remote memory spill files hold now (0 between queries).
@@ -259,6 +255,60 @@ impl PyQuerySession {
     #[getter]
     fn budget(&self) -> Option<u64> {
         self.inner.env().budget().limit()
+    }
+}
+
+/// Stage number -> partition -> frame metadata JSON.
+type StageMetas = std::collections::BTreeMap<usize, Vec<Vec<String>>>;
+
+impl PyQuerySession {
+    /// Runs task `task` of stage `stage` (every task: None).
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        query: &str,
+        stage: usize,
+        task: Option<usize>,
+        inputs: StageMetas,
+    ) -> PyResult<(Vec<Vec<String>>, Bound<'py, PyDict>)> {
+        let env = self.inner.env().clone();
+        let (metas, stats, written) = detach(py, || {
+            let mut frames = std::collections::BTreeMap::new();
+            for (id, parts) in &inputs {
+                let opened = parts
+                    .iter()
+                    .map(|metas| {
+                        metas
+                            .iter()
+                            .map(|m| scad_remote_frame::RemoteFrame::from_json(&env, m))
+                            .collect::<scad_remote_frame::Result<Vec<_>>>()
+                    })
+                    .collect::<scad_remote_frame::Result<Vec<_>>>()
+                    .map_err(frame_err)?;
+                frames.insert(*id, opened);
+            }
+            let out = match task {
+                None => self.inner.run_stage(query, stage, &frames),
+                Some(t) => self.inner.run_stage_task(query, stage, t, &frames),
+            }
+            .map_err(frame_err)?;
+            let metas = out
+                .frames
+                .iter()
+                .map(|part| part.iter().map(|f| f.to_json()).collect())
+                .collect::<scad_remote_frame::Result<Vec<Vec<String>>>>()
+                .map_err(frame_err)?;
+            Ok::<_, PyErr>((metas, out.stats, out.bytes_written))
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("elapsed_s", stats.elapsed.as_secs_f64())?;
+        d.set_item("rows", stats.rows)?;
+        d.set_item("peak_local_bytes", stats.peak_local_bytes)?;
+        d.set_item("budget", stats.budget.limit())?;
+        d.set_item("scan_bytes", stats.scan_bytes)?;
+        d.set_item("spill_files", stats.spill_files)?;
+        d.set_item("bytes_written", written)?;
+        Ok((metas, d))
     }
 }
 

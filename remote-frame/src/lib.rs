@@ -112,7 +112,9 @@ pub use frame::{Batches, FrameWriter, RemoteFrame};
 pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};
 #[cfg(feature = "polars")]
 pub use polars::prelude::DataFrame;
-pub use query::{QueryOutput, QuerySession, QueryStats, Stage, StageOutput, StagePlan};
+pub use query::{
+    QueryOutput, QuerySession, QueryStats, Stage, StageFrames, StageOutput, StagePlan,
+};
 pub use seal::{Seal, SEAL_BYTES};
 
 impl RemoteFrame {

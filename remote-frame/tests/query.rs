@@ -39,13 +39,22 @@ fn fixture(fact_rows: usize, dim_rows: usize, fact_keys: i64, dim_keys: i64) -> 
 impl Fixture {
     /// A session at `fraction` of the inputs' bytes (`None`: unlimited).
     fn session(&self, fraction: Option<f64>) -> QuerySession {
+        self.session_with(fraction, None)
+    }
+
+    /// A session at `fraction` of the input as its budget, planning `partitions`
+    /// partitions (None: as many as the budget and cores give).
+    fn session_with(&self, fraction: Option<f64>, partitions: Option<usize>) -> QuerySession {
         let env = match fraction {
             Some(f) => self
                 .env
                 .with_budget(Budget::bytes((self.input_bytes as f64 * f) as u64).unwrap()),
             None => self.env.clone(),
         };
-        let s = QuerySession::new(&env).unwrap();
+        let s = match partitions {
+            Some(p) => QuerySession::with_partitions(&env, p).unwrap(),
+            None => QuerySession::new(&env).unwrap(),
+        };
         for (name, frame) in &self.frames {
             s.register(name, frame).unwrap();
         }
@@ -598,18 +607,20 @@ fn a_failing_query_leaves_no_remote_memory_allocated() {
     assert_eq!(free_after, free_before, "remote memory leaked");
 }
 
-/// Runs every stage of `sql` in order, each in a fresh session over the same tables
-/// (as a separate process would run it), handing outputs on as frame metadata JSON;
-/// returns the answer, the stage list and the highest stage peak. Frees every stage
-/// output.
+/// Runs every stage of `sql` in order, each task of it in a fresh session over the same
+/// tables (as a separate process would run it), handing outputs on as frame metadata
+/// JSON; returns the answer, the stage list and the highest task peak. Frees every
+/// stage output.
 fn run_by_stages(
     f: &Fixture,
     fraction: Option<f64>,
+    partitions: Option<usize>,
     sql: &str,
 ) -> (DataFrame, scad_remote_frame::StagePlan, u64) {
     use std::collections::BTreeMap;
-    let plan = f.session(fraction).stages(sql).unwrap();
-    let mut outputs: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let plan = f.session_with(fraction, partitions).stages(sql).unwrap();
+    // Stage -> partition -> frame metadata.
+    let mut outputs: BTreeMap<usize, Vec<Vec<String>>> = BTreeMap::new();
     let mut peak = 0;
     for stage in &plan.stages {
         assert!(
@@ -617,35 +628,45 @@ fn run_by_stages(
             "{sql}: stage {} reads a later stage",
             stage.id
         );
-        let session = f.session(fraction);
-        let inputs = stage
+        assert!(stage.tasks >= 1, "{sql}: {stage:?}");
+        let inputs: BTreeMap<usize, scad_remote_frame::StageFrames> = stage
             .inputs
             .iter()
             .map(|&i| {
                 let frames = outputs[&i]
                     .iter()
-                    .map(|json| RemoteFrame::from_json(&f.env, json).unwrap())
+                    .map(|part| {
+                        part.iter()
+                            .map(|json| RemoteFrame::from_json(&f.env, json).unwrap())
+                            .collect()
+                    })
                     .collect();
                 (i, frames)
             })
             .collect();
-        let out = session
-            .run_stage(sql, stage.id, &inputs)
-            .unwrap_or_else(|e| panic!("{sql}: stage {}: {e}", stage.id));
-        assert_eq!(
-            out.frames.len(),
-            stage.partitions,
-            "{sql}: stage {}",
-            stage.id
-        );
-        assert!(out.stats.budget.allows(out.stats.peak_local_bytes));
-        peak = peak.max(out.stats.peak_local_bytes);
-        let json = out.frames.iter().map(|fr| fr.to_json().unwrap()).collect();
-        outputs.insert(stage.id, json);
+        let mut merged: Vec<Vec<String>> = vec![Vec::new(); stage.partitions];
+        for task in 0..stage.tasks {
+            let out = f
+                .session_with(fraction, partitions)
+                .run_stage_task(sql, stage.id, task, &inputs)
+                .unwrap_or_else(|e| panic!("{sql}: stage {} task {task}: {e}", stage.id));
+            assert_eq!(
+                out.frames.len(),
+                stage.partitions,
+                "{sql}: stage {}",
+                stage.id
+            );
+            assert!(out.stats.budget.allows(out.stats.peak_local_bytes));
+            peak = peak.max(out.stats.peak_local_bytes);
+            for (q, part) in out.frames.iter().enumerate() {
+                merged[q].extend(part.iter().map(|fr| fr.to_json().unwrap()));
+            }
+        }
+        outputs.insert(stage.id, merged);
     }
     let root = plan.stages.len() - 1;
     let mut answer: Option<DataFrame> = None;
-    for json in &outputs[&root] {
+    for json in outputs[&root].iter().flatten() {
         let part = RemoteFrame::from_json(&f.env, json)
             .unwrap()
             .to_polars()
@@ -657,15 +678,21 @@ fn run_by_stages(
             }
         }
     }
-    for jsons in outputs.values() {
-        for json in jsons {
-            RemoteFrame::from_json(&f.env, json)
-                .unwrap()
-                .free()
-                .unwrap();
-        }
+    for json in outputs.values().flatten().flatten() {
+        RemoteFrame::from_json(&f.env, json)
+            .unwrap()
+            .free()
+            .unwrap();
     }
-    (answer.unwrap(), plan, peak)
+    let answer = answer.unwrap_or_else(|| {
+        // No rows at all: the whole query's empty answer has the columns.
+        f.session_with(fraction, partitions)
+            .sql(sql)
+            .unwrap()
+            .to_polars()
+            .unwrap()
+    });
+    (answer, plan, peak)
 }
 
 #[test]
@@ -687,10 +714,11 @@ fn queries_run_stage_by_stage_equal_the_whole_query() {
          FROM fact f JOIN dim d ON f.k1 = d.d1",
         "SELECT k1 FROM fact WHERE qty < 3 UNION SELECT d1 FROM dim",
     ];
-    for fraction in [None, Some(0.25)] {
+    let mut split = 0;
+    for (fraction, partitions) in [(None, None), (Some(0.25), None), (None, Some(3))] {
         for sql in queries {
-            let (got, plan, peak) = run_by_stages(&f, fraction, sql);
-            let whole = f.session(fraction).sql(sql).unwrap();
+            let (got, plan, peak) = run_by_stages(&f, fraction, partitions, sql);
+            let whole = f.session_with(fraction, partitions).sql(sql).unwrap();
             let want = whole.to_polars().unwrap();
             assert_eq!(plan.ordered, whole.ordered(), "{sql}");
             if plan.ordered {
@@ -701,11 +729,23 @@ fn queries_run_stage_by_stage_equal_the_whole_query() {
             if let Some(fr) = fraction {
                 assert!(peak <= (f.input_bytes as f64 * fr) as u64, "{sql}");
             }
-            if sql.contains("JOIN") || sql.contains("avg") {
+            if sql.contains("JOIN") {
                 assert!(plan.stages.len() > 1, "{sql}: {plan:?}");
+            }
+            if partitions == Some(3) {
+                // Exchanges end stages whose tasks each partition their rows.
+                split += plan
+                    .stages
+                    .iter()
+                    .filter(|s| s.tasks == 3 && s.operator.starts_with("RepartitionExec"))
+                    .count();
             }
         }
     }
+    assert!(
+        split > 0,
+        "no stage ran as three tasks ending in an exchange"
+    );
     assert_eq!(available(&f.env), before, "stage outputs left allocated");
 }
 
@@ -728,7 +768,7 @@ fn a_stage_without_its_inputs_is_refused() {
     assert!(err.to_string().contains("stage 99"), "{err}");
     // An input of the wrong shape (another stage's output) is refused by its columns.
     let first = s.run_stage(sql, 0, &Default::default()).unwrap();
-    let wrong: std::collections::BTreeMap<usize, Vec<RemoteFrame>> = root
+    let wrong: std::collections::BTreeMap<usize, scad_remote_frame::StageFrames> = root
         .inputs
         .iter()
         .map(|&i| (i, first.frames.clone()))

@@ -6,8 +6,9 @@
 //! A run directory holds what crosses process boundaries:
 //! * `tables.json`: the base tables ([`TableHandoffs`]), written once by
 //!   [`load_run_dir`];
-//! * `<query>/stage-<k>.json`: stage `k`'s output, one [`Handoff`] (a sealed frame's
-//!   metadata) per output partition, written by [`run_stage_here`].
+//! * `<query>/stage-<k>.json`: stage `k`'s output, for each of its partitions the
+//!   [`Handoff`]s (sealed frames' metadata) that make it up, written by
+//!   [`run_stage_here`].
 //!
 //! A stage process moves its allocators past every frame handed on in the directory
 //! before it writes, so it overwrites none; [`run_query_in_processes`] runs a query's
@@ -19,7 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use scad_remote_frame::{Budget, FrameEnv, QueryStats, RemoteFrame, StagePlan};
 use serde::{Deserialize, Serialize};
@@ -114,11 +118,11 @@ fn stage_path(dir: &Path, query: &str, stage: usize) -> PathBuf {
     dir.join(query).join(format!("stage-{stage}.json"))
 }
 
-/// The output handoffs of stage `stage` of `query` in the run directory.
+/// The output handoffs of stage `stage` of `query` in the run directory, by partition.
 ///
 /// # Errors
 /// [`RemoteError::Invalid`] when the stage has not run; [`RemoteError::BadJson`].
-pub fn read_stage(dir: &Path, query: &str, stage: usize) -> Result<Vec<Handoff>, RemoteError> {
+pub fn read_stage(dir: &Path, query: &str, stage: usize) -> Result<Vec<Vec<Handoff>>, RemoteError> {
     let path = stage_path(dir, query, stage);
     let text = read(&path).map_err(|_| {
         RemoteError::Invalid(format!(
@@ -126,14 +130,18 @@ pub fn read_stage(dir: &Path, query: &str, stage: usize) -> Result<Vec<Handoff>,
             dir.display()
         ))
     })?;
-    let values: Vec<serde_json::Value> =
+    let values: Vec<Vec<serde_json::Value>> =
         serde_json::from_str(&text).map_err(|source| RemoteError::BadJson {
             context: path.display().to_string(),
             source,
         })?;
     values
         .into_iter()
-        .map(|v| Handoff::from_json(&v.to_string(), &path.display().to_string()))
+        .map(|part| {
+            part.into_iter()
+                .map(|v| Handoff::from_json(&v.to_string(), &path.display().to_string()))
+                .collect()
+        })
         .collect()
 }
 
@@ -172,7 +180,7 @@ fn handed_on(dir: &Path) -> Result<Vec<Handoff>, RemoteError> {
                     .file_name()
                     .and_then(|n| n.to_str())
                     .unwrap_or_default();
-                out.extend(read_stage(dir, query, k)?);
+                out.extend(read_stage(dir, query, k)?.into_iter().flatten());
             }
         }
     }
@@ -220,20 +228,30 @@ pub fn run_stage_here(
     for &i in &this.inputs {
         let frames = read_stage(dir, query, i)?
             .iter()
-            .map(|h| h.open(&env, &format!("{query} stage {stage}: input {i}")))
-            .collect::<Result<Vec<RemoteFrame>, _>>()?;
+            .map(|part| {
+                part.iter()
+                    .map(|h| h.open(&env, &format!("{query} stage {stage}: input {i}")))
+                    .collect::<Result<Vec<RemoteFrame>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         inputs.insert(i, frames);
     }
     let out = session
         .run_stage(&sql, stage, &inputs)
         .map_err(frame_err(format!("{query} stage {stage}")))?;
-    let mut handoffs = Vec::with_capacity(out.frames.len());
-    for (p, frame) in out.frames.iter().enumerate() {
-        handoffs.push(Handoff::new(
-            &format!("{query}/stage-{stage}/part-{p}"),
-            frame,
-        ));
-    }
+    let handoffs: Vec<Vec<Handoff>> = out
+        .frames
+        .iter()
+        .enumerate()
+        .map(|(p, part)| {
+            part.iter()
+                .enumerate()
+                .map(|(k, frame)| {
+                    Handoff::new(&format!("{query}/stage-{stage}/part-{p}/{k}"), frame)
+                })
+                .collect()
+        })
+        .collect();
     let json = serde_json::to_string(&handoffs).map_err(|source| RemoteError::BadJson {
         context: format!("serializing {query} stage {stage}'s output"),
         source,
@@ -268,7 +286,7 @@ pub fn read_answer(
     let root = plan.stages.len().saturating_sub(1);
     let mut schema = None;
     let mut parts = Vec::new();
-    for h in read_stage(dir, query, root)? {
+    for h in read_stage(dir, query, root)?.into_iter().flatten() {
         let frame = h.open(cluster.env(), &format!("{query} answer"))?;
         let read = |source| RemoteError::Frame {
             context: format!("reading {query}'s answer"),
@@ -279,10 +297,25 @@ pub fn read_answer(
         }
         parts.extend(frame.to_record_batches().map_err(read)?);
     }
-    let schema = schema
-        .ok_or_else(|| RemoteError::Invalid(format!("{query}'s root stage wrote no frames")))?;
+    let schema = match schema {
+        Some(s) => s,
+        // No rows at all: the root's columns, as planned.
+        None => Arc::new(empty_schema(plan)),
+    };
     concat_batches(&schema, &parts)
         .map_err(|e| RemoteError::Invalid(format!("joining {query}'s answer partitions: {e}")))
+}
+
+/// An answer's schema when no partition has rows: the root stage's columns (as
+/// planned; their types are unknown without a frame, and no rows need them).
+fn empty_schema(plan: &StagePlan) -> Schema {
+    let columns = plan.stages.last().map_or(&[][..], |s| &s.columns[..]);
+    Schema::new(
+        columns
+            .iter()
+            .map(|c| Field::new(c, DataType::Null, true))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// Frees the stage outputs of `query` and removes their files.

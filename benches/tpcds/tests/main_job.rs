@@ -162,7 +162,7 @@ fn queries_run_one_stage_per_process_against_memory_server_processes() {
         .unwrap()
         .id;
     run_stage_here(&cluster, set, &dir, "q1", 0, budget).unwrap();
-    for h in read_stage(&dir, "q1", 0).unwrap() {
+    for h in read_stage(&dir, "q1", 0).unwrap().into_iter().flatten() {
         cluster.reserve_past(&[&h]).unwrap();
         h.free(&cluster).unwrap();
     }

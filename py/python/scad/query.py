@@ -122,11 +122,17 @@ class QuerySession:
     budget the queries share and whose memory elements they spill to. Queries of one
     session run one at a time."""
 
-    def __init__(self, env: FrameEnv, **tables: RemoteFrame):
+    def __init__(self, env: FrameEnv, partitions: Optional[int] = None, **tables: RemoteFrame):
+        """``partitions`` pins the partitions plans use (None: as many as the budget
+        and this machine's cores give); processes that run stages of one query must
+        plan it with the same ``partitions``, budget and tables."""
         if not isinstance(env, FrameEnv):
             raise TypeError(f"QuerySession takes a scad.FrameEnv, got {type(env).__name__}")
+        if partitions is not None and (not isinstance(partitions, int) or isinstance(partitions, bool)
+                                       or partitions < 1):
+            raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
         self.env = env
-        self._raw = _native.QuerySession(env._env)
+        self._raw = _native.QuerySession(env._env, partitions)
         for name, frame in tables.items():
             self.register(name, frame)
 
@@ -155,25 +161,41 @@ class QuerySession:
         return self._raw.explain(_text(query))
 
     def stages(self, query: str) -> Dict[str, Any]:
-        """``query`` cut into stages at its pipeline breakers (join build sides, final
-        aggregates, the root), children first: ``{"stages": [{"id", "inputs",
-        "operator", "partitions", "columns"}, ...], "ordered": bool}``. Every session
-        over the same tables with the same budget finds the same stages."""
+        """``query`` cut into stages at its pipeline breakers and exchanges (join build
+        sides, hash repartitions, the inputs of merges, the root), children first:
+        ``{"stages": [{"id", "inputs", "operator", "partitions", "tasks", "columns"},
+        ...], "ordered": bool}``. A stage runs as ``tasks`` independent tasks
+        (:meth:`run_stage_task`). Every session over the same tables with the same
+        budget and partitions finds the same stages."""
         return json.loads(self._raw.stages(_text(query)))
 
     def run_stage(self, query: str, stage: int,
-                  inputs: Optional[Dict[int, List[str]]] = None) -> Tuple[List[str], Dict[str, Any]]:
-        """Runs stage ``stage`` of ``query`` from its inputs' outputs (``inputs``: stage
-        number -> the frame metadata of each of its output partitions, as earlier
-        calls returned them, in this process or another) and writes its output to
-        memory elements. Returns the output's frame metadata (one per partition;
-        :meth:`scad.RemoteFrame.from_meta` opens them) and what the stage did."""
-        metas, stats = self._raw.run_stage(_text(query), int(stage),
-                                           {int(k): list(v) for k, v in (inputs or {}).items()})
-        return list(metas), dict(stats)
+                  inputs: Optional[Dict[int, List[List[str]]]] = None) -> Tuple[List[List[str]], Dict[str, Any]]:
+        """Runs every task of stage ``stage`` of ``query`` here from its inputs'
+        outputs (``inputs``: stage number -> for each partition of its output, the
+        metadata of the frames that make it up, as earlier calls returned them, in this
+        process or another) and writes its output to memory elements. Returns the
+        output in the same shape (:meth:`scad.RemoteFrame.from_meta` opens a frame)
+        and what the stage did."""
+        outputs, stats = self._raw.run_stage(_text(query), int(stage), _stage_inputs(inputs))
+        return [list(p) for p in outputs], dict(stats)
+
+    def run_stage_task(self, query: str, stage: int, task: int,
+                       inputs: Optional[Dict[int, List[List[str]]]] = None) -> Tuple[List[List[str]], Dict[str, Any]]:
+        """Runs task ``task`` of stage ``stage`` (its tasks need nothing from each
+        other: run them in any processes, at the same time) and returns the frames it
+        wrote for each partition of the stage's output, and what it did. The stage's
+        output is its tasks' outputs concatenated partition by partition, in task
+        order."""
+        outputs, stats = self._raw.run_stage_task(_text(query), int(stage), int(task), _stage_inputs(inputs))
+        return [list(p) for p in outputs], dict(stats)
 
     def __repr__(self) -> str:
         return f"QuerySession(budget={self.env.budget}, tables={self.tables})"
+
+
+def _stage_inputs(inputs: Optional[Dict[int, List[List[str]]]]) -> Dict[int, List[List[str]]]:
+    return {int(k): [list(p) for p in v] for k, v in (inputs or {}).items()}
 
 
 def _text(query: Any) -> str:
@@ -203,12 +225,24 @@ def _call(env: Optional[FrameEnv], tables: Dict[str, RemoteFrame]) -> Tuple[Fram
     return env, {name: frame._raw for name, frame in tables.items()}
 
 
-def sql(query: str, /, env: Optional[FrameEnv] = None, **tables: RemoteFrame) -> QueryResult:
+def sql(query: str, /, env: Optional[FrameEnv] = None, ray: Any = None, **tables: Any) -> Any:
     """Runs ``query`` over the ``tables`` (keyword name -> :class:`~scad.RemoteFrame`)
     under ``env`` (the first table's env if None: its budget applies). Calls on one env
     share one session, started by the first, and run one at a time; each call sees only
-    its own tables. For a table called ``env``, or to keep tables registered across
-    queries, use :class:`QuerySession`."""
+    its own tables. For a table called ``env`` or ``ray``, or to keep tables registered
+    across queries, use :class:`QuerySession`.
+
+    With ``ray=`` (a Ray address such as ``"auto"``, or True: the Ray this process has
+    initialised, else a new local one) the query runs across that Ray cluster instead,
+    over tables given as Parquet paths or Arrow tables, in a
+    :class:`scad.DistributedSession` opened and closed for it; returns its
+    :class:`scad.DistributedResult`."""
+    if ray is not None and ray is not False:
+        if env is not None:
+            raise ValueError("env= does not apply with ray=: the tasks on the cluster make their own envs")
+        from .distributed import run_sql
+
+        return run_sql(_text(query), None if ray is True else ray, tables)
     env, raw = _call(env, tables)
     return QueryResult(env, _native.sql_in_env(env._env, _text(query), raw))
 

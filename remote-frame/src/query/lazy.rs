@@ -206,7 +206,7 @@ impl<'s> LazyQuery<'s> {
     /// # Errors
     /// Planning errors.
     pub fn explain(&self) -> Result<String> {
-        let (_, physical) = self.session.plan_logical(self.df.logical_plan())?;
+        let (_, physical) = self.session.plan_logical(self.df.logical_plan(), false)?;
         let text = datafusion::physical_plan::displayable(physical.as_ref())
             .indent(true)
             .to_string();
@@ -224,7 +224,7 @@ impl<'s> LazyQuery<'s> {
     pub fn collect_frame(self, env: &FrameEnv) -> Result<(RemoteFrame, QueryStats)> {
         let plan = self.df.logical_plan().clone();
         self.session
-            .run_to_frame(|| self.session.plan_logical(&plan), env)
+            .run_to_frame(|| self.session.plan_logical(&plan, false), env)
     }
 
     /// The query's output schema (names and types), without running it.
@@ -239,6 +239,6 @@ impl<'s> LazyQuery<'s> {
     /// As [`QuerySession::sql`].
     pub fn collect(self) -> Result<QueryOutput> {
         let plan = self.df.logical_plan().clone();
-        self.session.run(|| self.session.plan_logical(&plan))
+        self.session.run(|| self.session.plan_logical(&plan, false))
     }
 }

@@ -100,7 +100,7 @@ pub use lazy::{expr, LazyQuery};
 use peak::PeakPool;
 use scan::RemoteTable;
 use spill::{RemoteSpillFactory, SpillCounters};
-pub use stage::{Stage, StageOutput, StagePlan};
+pub use stage::{Stage, StageFrames, StageOutput, StagePlan};
 pub use verbs::frame_schema;
 #[cfg(test)]
 pub(crate) use verbs::has_aggregate;
@@ -427,6 +427,13 @@ impl QuerySession {
 
     /// Plans `sql` (one read-only statement) without running it.
     fn plan(&self, sql: &str) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
+        self.plan_for(sql, false)
+    }
+
+    /// Plans `sql`; for stages (`stages`), whose partitions may run in different
+    /// processes, without the joins' dynamic filters: a join's partitions wait for
+    /// each other there to build them.
+    fn plan_for(&self, sql: &str, stages: bool) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
         let options = SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)
@@ -435,13 +442,25 @@ impl QuerySession {
             .runtime
             .block_on(self.ctx.sql_with_options(sql, options))
             .map_err(|e| self.unknown_table(sql).unwrap_or_else(|| query_error(e)))?;
-        self.plan_logical(df.logical_plan())
+        self.plan_logical(df.logical_plan(), stages)
     }
 
-    /// Optimizes a logical plan (the analyzer rules included) and plans it physically.
-    fn plan_logical(&self, plan: &LogicalPlan) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
+    /// Optimizes a logical plan (the analyzer rules included) and plans it physically
+    /// (for stages: see [`QuerySession::plan_for`]).
+    fn plan_logical(
+        &self,
+        plan: &LogicalPlan,
+        stages: bool,
+    ) -> Result<(LogicalPlan, Arc<dyn ExecutionPlan>)> {
         self.runtime.block_on(async {
-            let state = self.ctx.state();
+            let mut state = self.ctx.state();
+            if stages {
+                state
+                    .config_mut()
+                    .options_mut()
+                    .optimizer
+                    .enable_join_dynamic_filter_pushdown = false;
+            }
             let logical = state.optimize(plan).map_err(query_error)?;
             let physical = state
                 .create_physical_plan(&logical)

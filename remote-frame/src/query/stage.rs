@@ -1,22 +1,32 @@
-//! Query stages: a query's physical plan cut at its pipeline breakers into stages that
-//! can each run in their own compute element, handing their outputs on through
-//! memory elements.
+//! Query stages: a query's physical plan cut at its pipeline breakers and exchanges
+//! into stages that can each run in their own compute elements, as tasks, handing their
+//! outputs on through memory elements.
 //!
-//! A stage ends where the plan materializes data anyway: at the build side of a join
-//! (hash, cross and nested-loop joins read it whole before probing), at the output of
-//! a final aggregate, and at the query's root. (The input of a scalar subquery's
-//! operator is never cut: its expressions wait for values that operator fills in.) Stages are numbered children first, so
-//! running them in order runs every stage after its inputs; the last is the root.
+//! A stage ends where the plan materializes or moves data anyway: at the build side of
+//! a join (hash, cross and nested-loop joins read it whole before probing), at an exchange (a hash repartition, whose producer side
+//! ends the stage below it), below a merge of partitions (coalesce, sort-preserving
+//! merge: the merge reads the stage's output in its consumer) and at the query's root.
+//! (The input of a scalar subquery's operator is never cut: its expressions wait for
+//! values that operator fills in.) Stages are numbered children first, so running them
+//! in order runs every stage after its inputs; the last is the root.
 //!
-//! A stage's output is one [`RemoteFrame`] per output partition of its top operator,
-//! written batch by batch as it is produced. The stage that reads it sees an operator
-//! with exactly the properties of the one it replaces (schema, partitioning, ordering),
-//! which replays each partition's frame, so the rest of the plan runs unchanged.
+//! A stage runs as [`Stage::tasks`] tasks that need nothing from each other: task `t`
+//! runs partition `t` of the stage's plan (of the exchange's input, for a stage that
+//! ends in an exchange, and then writes its rows already partitioned for the consumer)
+//! — in one process or each in its own. A stage whose plan shares work between its
+//! partitions (a repartition that could not be cut, inside a scalar subquery's input)
+//! runs as one task that runs them all.
+//!
+//! A stage's output is, for each partition of its consumer, the frames the tasks wrote
+//! for it ([`StageFrames`]), written batch by batch as they are produced. The stage that
+//! reads it sees an operator with exactly the properties of the one it replaces
+//! (schema, partitioning, ordering), which replays each partition's frames, so the rest
+//! of the plan runs unchanged.
 //!
 //! Nothing of the plan is serialized: every process plans the same SQL over the same
-//! tables with the same budget, and DataFusion's planning is deterministic, so each
-//! finds the same stages ([`QuerySession::stages`] lists them; a process whose plan
-//! differs is refused when an input's shape does not match).
+//! tables with the same budget and partitions, and DataFusion's planning is
+//! deterministic, so each finds the same stages ([`QuerySession::stages`] lists them; a
+//! process whose plan differs is refused when an input's shape does not match).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -25,13 +35,16 @@ use std::sync::{Arc, PoisonError};
 use arrow_array::{new_null_array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::compute::cast;
+use datafusion::common::JoinType;
 use datafusion::common::{DataFusionError, Result as DfResult, Statistics};
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::joins::{HashJoinExec, NestedLoopJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{self as df_metrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::repartition::{BatchPartitioner, RepartitionExec};
 use datafusion::physical_plan::statistics::StatisticsArgs;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    displayable, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    displayable, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use futures::StreamExt;
@@ -51,8 +64,11 @@ pub struct Stage {
     pub inputs: Vec<usize>,
     /// Its top operator, as EXPLAIN shows it.
     pub operator: String,
-    /// Output partitions (frames of its output).
+    /// Partitions of its output, as its consumer reads them.
     pub partitions: usize,
+    /// Tasks it runs as ([`QuerySession::run_stage_task`]): its plan's partitions, or
+    /// one when they share work.
+    pub tasks: usize,
     /// Output columns.
     pub columns: Vec<String>,
 }
@@ -66,14 +82,21 @@ pub struct StagePlan {
     pub ordered: bool,
 }
 
-/// What one stage wrote and did.
+/// A stage's output in memory elements: for each partition of it (as its consumer
+/// reads them), the frames that make up that partition, in task order. The output of
+/// several tasks of one stage is their outputs' partitions concatenated.
+///
+/// Column names are the stage's, made unique (`name#2` for a second `name`) since a
+/// frame's must be; columns of types frames do not store narrow are widened (8- and
+/// 16-bit integers as 32-bit) and read back as they were. Frames with no rows are not
+/// kept.
+pub type StageFrames = Vec<Vec<RemoteFrame>>;
+
+/// What one stage, or one task of it, wrote and did.
 #[derive(Debug)]
 pub struct StageOutput {
-    /// Its output: one frame per output partition, in memory elements. Column names
-    /// are the stage's, made unique (`name#2` for a second `name`) since a frame's
-    /// must be; columns of types frames do not store narrow are widened (8- and
-    /// 16-bit integers as 32-bit) and read back as they were.
-    pub frames: Vec<RemoteFrame>,
+    /// Its output, by partition.
+    pub frames: StageFrames,
     /// The stage's run: its own peak local memory, scans, spills.
     pub stats: QueryStats,
     /// Bytes of the output frames written to memory elements.
@@ -86,7 +109,10 @@ impl StageOutput {
     /// # Errors
     /// Allocator errors.
     pub fn free(self) -> Result<()> {
-        self.frames.into_iter().try_for_each(RemoteFrame::free)
+        self.frames
+            .into_iter()
+            .flatten()
+            .try_for_each(RemoteFrame::free)
     }
 }
 
@@ -98,12 +124,122 @@ struct Cut {
 
 /// Whether `parent`'s child number `k` starts a stage of its own.
 fn is_cut(parent: &dyn ExecutionPlan, k: usize, child: &Arc<dyn ExecutionPlan>) -> bool {
+    if is_merge(child.as_ref()) {
+        // A merge stays with its consumer, which reads the frames of its input's
+        // partitions one after another (or merged in order): its input is the stage.
+        return false;
+    }
     let build_side = k == 0
         && matches!(
             parent.name(),
             "HashJoinExec" | "SpillingHashJoinExec" | "CrossJoinExec" | "NestedLoopJoinExec"
         );
-    build_side || is_final_aggregate(child.as_ref())
+    (build_side || is_merge(parent) || exchange(child.as_ref()).is_some())
+        && storable(&child.schema())
+}
+
+/// Whether frames can hold rows of `schema` (a partial aggregate's state may be a
+/// list, which they cannot: such an output stays inside its stage).
+fn storable(schema: &SchemaRef) -> bool {
+    schema
+        .fields()
+        .iter()
+        .all(|f| crate::codec::column_type(f.name(), &stored_type(f.data_type())).is_ok())
+}
+
+/// Whether the output partitions of `plan` share state that only the last of them
+/// to finish completes: a join that collects its build side once for all partitions
+/// and emits build rows by whether any partition matched them (left, full, semi,
+/// anti and mark joins). Run apart, each would see only its own matches.
+fn shares_build_state(plan: &dyn ExecutionPlan) -> bool {
+    let by_build_matches = |t: &JoinType| {
+        matches!(
+            t,
+            JoinType::Left
+                | JoinType::Full
+                | JoinType::LeftSemi
+                | JoinType::LeftAnti
+                | JoinType::LeftMark
+        )
+    };
+    if plan.properties().partitioning.partition_count() < 2 {
+        return false;
+    }
+    if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+        *j.partition_mode() == PartitionMode::CollectLeft && by_build_matches(j.join_type())
+    } else if let Some(j) = plan.downcast_ref::<NestedLoopJoinExec>() {
+        by_build_matches(j.join_type())
+    } else {
+        false
+    }
+}
+
+/// An operator that reads every partition of its input into one.
+fn is_merge(plan: &dyn ExecutionPlan) -> bool {
+    matches!(
+        plan.name(),
+        "CoalescePartitionsExec" | "SortPreservingMergeExec"
+    )
+}
+
+/// `plan` as an exchange a stage can end in: a repartition by hash that keeps no
+/// order, so its producers can partition their rows themselves and its consumer
+/// partitions read theirs in any order.
+fn exchange(plan: &dyn ExecutionPlan) -> Option<&RepartitionExec> {
+    plan.downcast_ref::<RepartitionExec>()
+        .filter(|r| !r.preserve_order() && matches!(r.partitioning(), Partitioning::Hash(..)))
+}
+
+/// Whether `parent`'s child number `k` is another stage's output (cut there, or
+/// already replaced by its replay).
+fn is_stage_input(parent: &dyn ExecutionPlan, k: usize, child: &Arc<dyn ExecutionPlan>) -> bool {
+    child.name() == "StageInputExec" || (may_cut_below(parent, k) && is_cut(parent, k, child))
+}
+
+/// Whether running one partition of `plan` (within its stage) runs work its other partitions
+/// share: a repartition or merge over operators of the stage, or a join whose
+/// partitions complete each other's build side matches. Such a stage runs as one task.
+/// A merge that only reads a stage input is cheap to repeat per task.
+fn shares_work(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    if shares_build_state(plan.as_ref()) {
+        return true;
+    }
+    let crosses = is_merge(plan.as_ref()) || plan.name() == "RepartitionExec";
+    plan.children().into_iter().enumerate().any(|(k, child)| {
+        if is_stage_input(plan.as_ref(), k, child) {
+            plan.name() == "RepartitionExec"
+        } else {
+            crosses || shares_work(child)
+        }
+    })
+}
+
+/// How a stage's tasks split its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TaskShape {
+    /// One task runs every partition of the stage's top operator.
+    Whole,
+    /// Task `t` runs partition `t` of the top operator: consumer partition `t`.
+    PerPartition,
+    /// Task `t` runs partition `t` of the exchange's input and partitions its rows
+    /// for the consumer.
+    Exchange,
+}
+
+impl TaskShape {
+    /// The shape of the stage whose top operator is `top` and its number of tasks.
+    fn of(top: &Arc<dyn ExecutionPlan>) -> (TaskShape, usize) {
+        if let Some(ex) = exchange(top.as_ref()) {
+            if !shares_work(ex.input()) {
+                let tasks = ex.input().properties().partitioning.partition_count();
+                return (TaskShape::Exchange, tasks);
+            }
+        } else if !shares_work(top) {
+            let tasks = top.properties().partitioning.partition_count();
+            return (TaskShape::PerPartition, tasks);
+        }
+        (TaskShape::Whole, 1)
+    }
 }
 
 /// Whether `parent`'s child number `k` may be cut below at all: the input of a
@@ -111,20 +247,6 @@ fn is_cut(parent: &dyn ExecutionPlan, k: usize, child: &Arc<dyn ExecutionPlan>) 
 /// subqueries' values when it runs, so that input stays in its stage whole.
 fn may_cut_below(parent: &dyn ExecutionPlan, k: usize) -> bool {
     !(k == 0 && parent.name() == "ScalarSubqueryExec")
-}
-
-fn is_final_aggregate(plan: &dyn ExecutionPlan) -> bool {
-    // SpillingAggregateExec wraps only final phases.
-    plan.name() == "SpillingAggregateExec"
-        || plan.downcast_ref::<AggregateExec>().is_some_and(|a| {
-            matches!(
-                a.mode(),
-                AggregateMode::Final
-                    | AggregateMode::FinalPartitioned
-                    | AggregateMode::Single
-                    | AggregateMode::SinglePartitioned
-            )
-        })
 }
 
 fn inputs_of(plan: &Arc<dyn ExecutionPlan>, cuts: &mut Vec<Cut>) -> Vec<usize> {
@@ -166,7 +288,7 @@ fn node_key(plan: &Arc<dyn ExecutionPlan>) -> *const () {
 fn replace_inputs(
     plan: &Arc<dyn ExecutionPlan>,
     ids: &HashMap<*const (), usize>,
-    inputs: &BTreeMap<usize, Vec<RemoteFrame>>,
+    inputs: &BTreeMap<usize, StageFrames>,
     batch_rows: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let children = plan.children();
@@ -209,7 +331,7 @@ impl QuerySession {
     /// # Errors
     /// As [`QuerySession::sql`], for planning.
     pub fn stages(&self, sql: &str) -> Result<StagePlan> {
-        let (logical, physical) = self.plan(sql)?;
+        let (logical, physical) = self.plan_for(sql, true)?;
         let stages = cut(&physical)
             .iter()
             .enumerate()
@@ -222,6 +344,7 @@ impl QuerySession {
                     .trim()
                     .to_owned(),
                 partitions: c.plan.properties().partitioning.partition_count(),
+                tasks: TaskShape::of(&c.plan).1,
                 columns: c
                     .plan
                     .schema()
@@ -237,9 +360,9 @@ impl QuerySession {
         })
     }
 
-    /// Runs stage `stage` of `sql` from its inputs' outputs (`inputs`: stage number →
-    /// that stage's frames, as an earlier [`QuerySession::run_stage`] wrote them, in
-    /// this process or another) and writes its output to memory elements, within the
+    /// Runs every task of stage `stage` of `sql` here, at once, from its inputs'
+    /// outputs (`inputs`: stage number → that stage's output, as earlier runs wrote it,
+    /// in this process or others) and writes its output to memory elements, within the
     /// session's budget. If the stage fails, what it wrote is freed.
     ///
     /// # Errors
@@ -250,16 +373,56 @@ impl QuerySession {
         &self,
         sql: &str,
         stage: usize,
-        inputs: &BTreeMap<usize, Vec<RemoteFrame>>,
+        inputs: &BTreeMap<usize, StageFrames>,
+    ) -> Result<StageOutput> {
+        self.run_tasks(sql, stage, None, inputs)
+    }
+
+    /// Runs task `task` of stage `stage` of `sql` (one of [`Stage::tasks`]; the tasks of
+    /// a stage need nothing from each other and may run in different processes at the
+    /// same time) and writes its share of the stage's output: the frames it wrote for
+    /// each partition. A stage's output is its tasks' outputs concatenated partition by
+    /// partition, in task order. If the task fails, what it wrote is freed.
+    ///
+    /// # Errors
+    /// As [`QuerySession::run_stage`]; [`Error::InvalidArgument`] for a task number
+    /// the stage does not have.
+    pub fn run_stage_task(
+        &self,
+        sql: &str,
+        stage: usize,
+        task: usize,
+        inputs: &BTreeMap<usize, StageFrames>,
+    ) -> Result<StageOutput> {
+        self.run_tasks(sql, stage, Some(task), inputs)
+    }
+
+    /// Runs task `task` of stage `stage` (every task: None).
+    fn run_tasks(
+        &self,
+        sql: &str,
+        stage: usize,
+        task: Option<usize>,
+        inputs: &BTreeMap<usize, StageFrames>,
     ) -> Result<StageOutput> {
         let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let before = self.measure_start();
-        let (_, physical) = self.plan(sql)?;
+        let (_, physical) = self.plan_for(sql, true)?;
         let cuts = cut(&physical);
         let count = cuts.len();
         let top = cuts.get(stage).map(|c| c.plan.clone()).ok_or_else(|| {
             Error::InvalidArgument(format!("stage {stage} of a query with {count} stages"))
         })?;
+        let (shape, tasks) = TaskShape::of(&top);
+        let tasks: Vec<usize> = match task {
+            None => (0..tasks).collect(),
+            Some(t) if t < tasks => vec![t],
+            Some(t) => {
+                return Err(Error::InvalidArgument(format!(
+                    "task {t} of stage {stage}, which runs as {tasks} task(s)"
+                )))
+            }
+        };
         let ids: HashMap<*const (), usize> = cuts
             .iter()
             .enumerate()
@@ -267,37 +430,57 @@ impl QuerySession {
             .collect();
         let batch_rows = self.ctx.state().config().batch_size();
         let plan = replace_inputs(&top, &ids, inputs, batch_rows)?;
-        let written = self.write_partitions(plan.clone());
+        let written = self.write_tasks(&plan, shape, &tasks);
         self.await_spill_release();
         let frames = written?;
-        let rows = frames.iter().map(RemoteFrame::rows).sum();
-        let bytes_written = frames.iter().map(RemoteFrame::data_bytes).sum();
+        let all = || frames.iter().flatten();
+        let rows = all().map(RemoteFrame::rows).sum();
+        let bytes_written = all().map(RemoteFrame::data_bytes).sum();
         Ok(StageOutput {
-            frames,
             stats: self.measure_end(before, rows, plan.as_ref()),
+            frames,
             bytes_written,
         })
     }
 
-    /// Executes every partition of `plan` at once, each written to its own frame.
-    fn write_partitions(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<RemoteFrame>> {
+    /// Runs `tasks` of the stage whose plan (inputs replaced) is `plan`, all at once,
+    /// and gathers what they wrote by partition.
+    fn write_tasks(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        shape: TaskShape,
+        tasks: &[usize],
+    ) -> Result<StageFrames> {
         let partitions = plan.properties().partitioning.partition_count();
         let storage = StorageSchema::new(&plan.schema());
         let context = self.ctx.task_ctx();
-        let tasks: Vec<_> = (0..partitions)
-            .map(|p| {
-                let writer = storage.writer(self.env())?;
+        // (partition of the plan to execute, whether its rows are partitioned here)
+        let units: Vec<(usize, bool)> = match shape {
+            TaskShape::Whole => (0..partitions).map(|p| (p, false)).collect(),
+            TaskShape::PerPartition => tasks.iter().map(|&t| (t, false)).collect(),
+            TaskShape::Exchange => tasks.iter().map(|&t| (t, true)).collect(),
+        };
+        let spawned: Vec<_> = units
+            .into_iter()
+            .map(|(p, exchange_here)| {
                 let (plan, context, storage) = (plan.clone(), context.clone(), storage.clone());
-                Ok(self.runtime.spawn(async move {
+                let env = self.env().clone();
+                self.runtime.spawn(async move {
                     // Operators may spawn tasks when executed: inside the runtime.
-                    let stream = plan.execute(p, context).map_err(super::query_error)?;
-                    write_partition(stream, writer, storage).await
-                }))
+                    if exchange_here {
+                        write_exchange(plan, p, context, storage, &env).await
+                    } else {
+                        let stream = plan.execute(p, context).map_err(super::query_error)?;
+                        let writer = storage.writer(&env)?;
+                        let frame = write_partition(stream, writer, storage).await?;
+                        Ok(vec![(p, frame)])
+                    }
+                })
             })
-            .collect::<Result<_>>()?;
-        let results: Vec<Result<RemoteFrame>> = self.runtime.block_on(async {
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
+            .collect();
+        let results: Vec<Result<Vec<(usize, RemoteFrame)>>> = self.runtime.block_on(async {
+            let mut out = Vec::with_capacity(spawned.len());
+            for t in spawned {
                 out.push(match t.await {
                     Ok(r) => r,
                     Err(e) => Err(Error::InvalidArgument(format!(
@@ -307,11 +490,18 @@ impl QuerySession {
             }
             out
         });
-        let mut frames = Vec::with_capacity(results.len());
+        let mut frames: StageFrames = (0..partitions).map(|_| Vec::new()).collect();
         let mut first_error = None;
         for r in results {
             match r {
-                Ok(f) => frames.push(f),
+                Ok(written) => {
+                    for (q, f) in written {
+                        match frames.get_mut(q) {
+                            Some(list) if f.rows() > 0 => list.push(f),
+                            _ => free_quietly(f),
+                        }
+                    }
+                }
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
@@ -320,16 +510,99 @@ impl QuerySession {
         match first_error {
             None => Ok(frames),
             Some(e) => {
-                for f in frames {
-                    if let Err(free) = f.free() {
-                        tracing::warn!(%free, "freeing a failed stage's output");
-                    }
-                }
+                frames.into_iter().flatten().for_each(free_quietly);
                 Err(match e {
                     Error::Query(q) => self.run_error(*q),
                     other => other,
                 })
             }
+        }
+    }
+}
+
+fn free_quietly(frame: RemoteFrame) {
+    if let Err(free) = frame.free() {
+        tracing::warn!(%free, "freeing a stage's output");
+    }
+}
+
+/// Runs partition `p` of the input of the exchange `plan` and writes its rows
+/// partitioned as the exchange would: one frame per partition of its output. On
+/// failure frees what it wrote.
+async fn write_exchange(
+    plan: Arc<dyn ExecutionPlan>,
+    p: usize,
+    context: Arc<TaskContext>,
+    storage: StorageSchema,
+    env: &crate::env::FrameEnv,
+) -> Result<Vec<(usize, RemoteFrame)>> {
+    let ex = exchange(plan.as_ref()).ok_or_else(|| {
+        Error::InvalidArgument(format!("stage top {} is not an exchange", plan.name()))
+    })?;
+    let partitioning = ex.partitioning().clone();
+    let input = ex.input().clone();
+    let outputs = partitioning.partition_count();
+    let inputs = input.properties().partitioning.partition_count();
+    let mut writers = (0..outputs)
+        .map(|_| storage.writer(env))
+        .collect::<Result<Vec<_>>>()?;
+    let mut failure = None;
+    let started = input
+        .execute(p, context)
+        .and_then(|stream| {
+            BatchPartitioner::try_new(partitioning, df_metrics::Time::new(), p, inputs)
+                .map(|partitioner| (stream, partitioner))
+        })
+        .map_err(super::query_error);
+    match started {
+        Err(e) => failure = Some(e),
+        Ok((mut stream, mut partitioner)) => {
+            while let Some(batch) = stream.next().await {
+                let pushed = batch.map_err(super::query_error).and_then(|b| {
+                    // The writer's own error, kept whole (the partitioner passes on
+                    // only DataFusion errors).
+                    let mut write_error = None;
+                    let partitioned = partitioner.partition(b, |q, part| {
+                        let done = storage.stored(&part).and_then(|part| {
+                            tokio::task::block_in_place(|| match writers.get_mut(q) {
+                                Some(w) => w.push_batch(&part),
+                                None => Err(Error::InvalidArgument(format!(
+                                    "exchange partition {q} of {outputs}"
+                                ))),
+                            })
+                        });
+                        done.map_err(|e| {
+                            let text = e.to_string();
+                            write_error = Some(e);
+                            DataFusionError::Execution(text)
+                        })
+                    });
+                    match write_error {
+                        Some(e) => Err(e),
+                        None => partitioned.map_err(super::query_error),
+                    }
+                });
+                if let Err(e) = pushed {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+    }
+    let mut frames = Vec::with_capacity(outputs);
+    for (q, w) in writers.into_iter().enumerate() {
+        match tokio::task::block_in_place(|| w.finish()) {
+            Ok(f) => frames.push((q, f)),
+            Err(e) => {
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    match failure {
+        None => Ok(frames),
+        Some(e) => {
+            frames.into_iter().for_each(|(_, f)| free_quietly(f));
+            Err(e)
         }
     }
 }
@@ -443,7 +716,8 @@ fn stored_type(t: &DataType) -> DataType {
 #[derive(Debug)]
 pub(crate) struct StageInputExec {
     stage: usize,
-    frames: Vec<RemoteFrame>,
+    /// The frames of each partition.
+    frames: StageFrames,
     schema: SchemaRef,
     batch_rows: usize,
     properties: Arc<PlanProperties>,
@@ -454,19 +728,19 @@ impl StageInputExec {
     fn new(
         stage: usize,
         replaced: &Arc<dyn ExecutionPlan>,
-        frames: Vec<RemoteFrame>,
+        frames: StageFrames,
         batch_rows: usize,
     ) -> Result<Self> {
         let schema = replaced.schema();
         let partitions = replaced.properties().partitioning.partition_count();
         if frames.len() != partitions {
             return Err(Error::InvalidArgument(format!(
-                "stage {stage} has {partitions} output partitions here, its output has {} frames (was it planned with another budget or other tables?)",
+                "stage {stage} has {partitions} output partitions here, its output has {} (was it planned with another budget, other partitions or other tables?)",
                 frames.len()
             )));
         }
         let stored = StorageSchema::new(&schema).schema;
-        for (k, f) in frames.iter().enumerate() {
+        for (k, f) in frames.iter().flatten().enumerate() {
             if f.meta().schema.len() != stored.fields().len() {
                 return Err(Error::InvalidArgument(format!(
                     "stage {stage}'s output frame {k} has {} columns, the plan expects {} ({})",
@@ -499,7 +773,11 @@ impl DisplayAs for StageInputExec {
             "StageInputExec: stage={}, partitions={}, rows={}",
             self.stage,
             self.frames.len(),
-            self.frames.iter().map(RemoteFrame::rows).sum::<usize>()
+            self.frames
+                .iter()
+                .flatten()
+                .map(RemoteFrame::rows)
+                .sum::<usize>()
         )
     }
 }
@@ -514,8 +792,11 @@ impl ExecutionPlan for StageInputExec {
     ) -> DfResult<Arc<Statistics>> {
         use datafusion::common::stats::Precision;
         let rows = match args.partition() {
-            None => self.frames.iter().map(RemoteFrame::rows).sum(),
-            Some(p) => self.frames.get(p).map_or(0, RemoteFrame::rows),
+            None => self.frames.iter().flatten().map(RemoteFrame::rows).sum(),
+            Some(p) => self
+                .frames
+                .get(p)
+                .map_or(0, |fs| fs.iter().map(RemoteFrame::rows).sum()),
         };
         Ok(Arc::new(
             Statistics::new_unknown(&self.schema).with_num_rows(Precision::Exact(rows)),
@@ -531,28 +812,39 @@ impl ExecutionPlan for StageInputExec {
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let frame = self.frames.get(partition).cloned().ok_or_else(|| {
+        let frames = self.frames.get(partition).cloned().ok_or_else(|| {
             DataFusionError::Internal(format!(
                 "StageInputExec has {} partitions, partition {partition} asked for",
                 self.frames.len()
             ))
         })?;
-        let chunks = frame.chunk_count();
         // No columns: the stored placeholder is not read, batches carry row counts.
-        let columns = (0..self.schema.fields().len()).collect();
-        Ok(chunk_stream(
-            ChunkReader {
-                frame,
-                columns: Arc::new(columns),
-                schema: self.schema.clone(),
-                batch_rows: self.batch_rows,
-                row_index: None,
-            },
-            (0..chunks).collect(),
-            None,
-            &self.metrics,
-            partition,
-            None,
-        ))
+        let columns: Arc<Vec<usize>> = Arc::new((0..self.schema.fields().len()).collect());
+        let streams: Vec<SendableRecordBatchStream> = frames
+            .into_iter()
+            .map(|frame| {
+                let chunks = frame.chunk_count();
+                chunk_stream(
+                    ChunkReader {
+                        frame,
+                        columns: columns.clone(),
+                        schema: self.schema.clone(),
+                        batch_rows: self.batch_rows,
+                        row_index: None,
+                    },
+                    (0..chunks).collect(),
+                    None,
+                    &self.metrics,
+                    partition,
+                    None,
+                )
+            })
+            .collect();
+        // The frames of a partition one after another.
+        let stream = futures::stream::iter(streams).flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
     }
 }
