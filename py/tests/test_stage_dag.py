@@ -1,7 +1,7 @@
 """A SQL query written as an element DAG (``scad.write_stage_dag``, one compute element
-per stage of its plan) and run by ``scad run``: the answer equals the same query run in
-one process; bad input is refused before anything is written; a failing stage fails
-the run."""
+per stage of its plan, one instance per task) and run by ``scad run``: the answer
+equals the same query run in one process; bad input is refused before anything is
+written; a failing stage fails the run."""
 import json
 import os
 
@@ -46,24 +46,32 @@ def in_one_process(paths, sql):
 def test_a_query_dag_runs_under_scad_run_and_equals_the_query(tmp_path):
     paths = write_tables(tmp_path)
     dag = tmp_path / "dag"
-    plan = scad.write_stage_dag(SQL, paths, str(dag), budget=4 << 20, memory_mb=256)
+    plan = scad.write_stage_dag(SQL, paths, str(dag), budget=4 << 20, memory_mb=256, partitions=3)
     stages = plan["stages"]
-    assert len(stages) >= 3, plan  # join build side, aggregate, root at least
+    assert len(stages) >= 3, plan  # join build side, exchange, root at least
     assert all(i < s["id"] for s in stages for i in s["inputs"])
-    assert {"mem.o.yaml", "load.o.py", "query.sql", "dag.json"} <= set(os.listdir(dag))
+    assert any(s["tasks"] == 3 for s in stages), plan  # partitions run as parallel instances
+    assert {"mem.o.yaml", "load.o.py", "answer.o.py", "query.sql", "dag.json"} <= set(os.listdir(dag))
     r = run_cli("run", str(dag), "-d", str(tmp_path / "out"), "-q", timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    with open(tmp_path / "out" / f"rundisagg.stage_{stages[-1]['id']}.json", encoding="utf-8") as f:
+    with open(tmp_path / "out" / "rundisagg.answer.json", encoding="utf-8") as f:
         answer = json.load(f)
     assert answer["ordered"] is True
     assert answer["columns"] == ["cat", "q", "n", "r"]
     assert answer["rows"] == in_one_process(paths, SQL)
     assert len(answer["rows"]) == 7
-    # Every stage ran within its budget.
-    for s in stages[:-1]:
-        with open(tmp_path / "out" / f"rundisagg.stage_{s['id']}.json", encoding="utf-8") as f:
-            stats = json.load(f)["stats"]
-        assert stats["peak_local_bytes"] <= 4 << 20
+    assert answer["tasks"] == sum(s["tasks"] for s in stages)
+    # Every task ran within its budget.
+    ran = 0
+    for s in stages:
+        names = [f"stage_{s['id']}.json"] if s["tasks"] == 1 else \
+            [f"stage_{s['id']}@{t}.json" for t in range(s["tasks"])]
+        for name in names:
+            with open(tmp_path / "out" / f"rundisagg.{name}", encoding="utf-8") as f:
+                out = json.load(f)
+            assert out["stats"]["peak_local_bytes"] <= 4 << 20
+            ran += 1
+    assert ran == answer["tasks"]
 
 
 def test_bad_input_is_refused_before_anything_is_written(tmp_path):
