@@ -13,6 +13,9 @@
 - :func:`sql`, :func:`explain` and :class:`QuerySession`: SQL over RemoteFrames within
   the env's memory budget, spilling to memory elements; answers as :class:`QueryResult`
   (to Polars/PyArrow without copying, or back to a RemoteFrame) (:mod:`scad.query`).
+- :class:`DistributedSession` (and ``sql(..., ray=ADDRESS)``): the same queries across a
+  Ray cluster, each stage as partition-parallel Ray tasks, memory elements as actors
+  (:mod:`scad.distributed`).
 """
 
 from ._native import (BudgetExceededError, FreedFrameError, MemoryServer, QueryError, ScadError,
@@ -20,9 +23,11 @@ from ._native import (BudgetExceededError, FreedFrameError, MemoryServer, QueryE
 from .array import RemoteArray, Store
 from .frame import FrameEnv, RemoteFrame, col, lit, when
 from .query import QueryResult, QuerySession, explain, sql
+from .distributed import DistributedQueryError, DistributedResult, DistributedSession
 from .stages import write_stage_dag
 
 __all__ = ["RemoteArray", "Store", "MemoryServer", "ScadError", "TerminatedError", "BudgetExceededError",
            "QueryError", "UnknownNameError", "FreedFrameError", "StaleFrameError", "parse_size", "FrameEnv", "RemoteFrame", "col", "lit", "when",
-           "QuerySession", "QueryResult", "sql", "explain", "write_stage_dag"]
+           "QuerySession", "QueryResult", "sql", "explain", "write_stage_dag", "DistributedSession",
+           "DistributedResult", "DistributedQueryError"]
 __version__ = "0.1.0"
