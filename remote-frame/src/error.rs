@@ -114,6 +114,18 @@ pub enum Error {
         budget: u64,
     },
 
+    /// A task of a distributed query failed (see
+    /// [`crate::QuerySession::run_distributed`]).
+    #[error("stage {stage} task {task} failed: {message}")]
+    TaskFailed {
+        /// Its stage.
+        stage: usize,
+        /// Its number in the stage.
+        task: usize,
+        /// Its error, as its worker reported it.
+        message: String,
+    },
+
     /// A bad argument (empty key list, mismatched key counts, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

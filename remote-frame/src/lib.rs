@@ -113,7 +113,8 @@ pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};
 #[cfg(feature = "polars")]
 pub use polars::prelude::DataFrame;
 pub use query::{
-    QueryOutput, QuerySession, QueryStats, Stage, StageFrames, StageOutput, StagePlan,
+    run_task, DistributedOutput, QueryOutput, QuerySession, QueryStats, Stage, StageFrames,
+    StageOutput, StagePlan, TaskOutput, TaskRecord, TaskRunner, TaskSpec, ThreadRunner,
 };
 pub use seal::{Seal, SEAL_BYTES};
 

@@ -749,6 +749,213 @@ fn queries_run_stage_by_stage_equal_the_whole_query() {
     assert_eq!(available(&f.env), before, "stage outputs left allocated");
 }
 
+/// A runner that fails one task and runs the others on threads.
+struct FailingRunner {
+    inner: scad_remote_frame::ThreadRunner,
+    fail: (usize, usize),
+    ran: std::sync::Mutex<Vec<(usize, usize)>>,
+}
+
+impl scad_remote_frame::TaskRunner for FailingRunner {
+    fn run(
+        &self,
+        spec: &scad_remote_frame::TaskSpec,
+    ) -> scad_remote_frame::Result<scad_remote_frame::TaskOutput> {
+        self.ran.lock().unwrap().push((spec.stage, spec.task));
+        if (spec.stage, spec.task) == self.fail {
+            return Err(Error::InvalidArgument("worker lost".into()));
+        }
+        self.inner.run(spec)
+    }
+}
+
+#[test]
+fn queries_run_distributed_equal_the_whole_query_and_free_everything() {
+    let f = fixture(30_000, 300, 400, 300);
+    let runner = scad_remote_frame::ThreadRunner::new(f.env.elements()).unwrap();
+    let before = available(&f.env);
+    let sql =
+        "SELECT d.label, sum(f.qty) AS q, count(*) AS n FROM fact f JOIN dim d ON f.k1 = d.d1 \
+               GROUP BY d.label ORDER BY d.label NULLS LAST";
+    for (fraction, workers) in [(None, 1), (None, 3), (Some(0.25), 2)] {
+        let driver = f.session_with(fraction, Some(3));
+        let plan = driver.stages(sql).unwrap();
+        let out = driver.run_distributed(sql, &runner, workers).unwrap();
+        let whole = driver.sql(sql).unwrap();
+        assert!(out.ordered);
+        let got = polars_of(&out.schema, &out.batches);
+        assert!(
+            got.equals_missing(&whole.to_polars().unwrap()),
+            "{got}\n{:?}",
+            whole.to_polars()
+        );
+        assert_eq!(out.stages, plan.stages.len());
+        assert_eq!(
+            out.tasks.len(),
+            plan.stages.iter().map(|s| s.tasks).sum::<usize>()
+        );
+        assert!(out.shuffle_bytes > 0);
+        // Every task ran after the stages it reads had finished.
+        for t in &out.tasks {
+            for &i in &plan.stages[t.output.stage].inputs {
+                let last = out
+                    .tasks
+                    .iter()
+                    .filter(|u| u.output.stage == i)
+                    .map(|u| u.ended_s)
+                    .fold(0.0, f64::max);
+                assert!(t.started_s >= last, "{t:?} started before stage {i} ended");
+            }
+            if let Some(fr) = fraction {
+                assert!(t.output.peak_local_bytes <= (f.input_bytes as f64 * fr) as u64);
+            }
+        }
+        if workers == 1 {
+            let mut ends: Vec<_> = out.tasks.iter().map(|t| (t.started_s, t.ended_s)).collect();
+            ends.sort_by(|a, b| a.0.total_cmp(&b.0));
+            assert!(
+                ends.windows(2).all(|w| w[0].1 <= w[1].0),
+                "one worker ran two tasks at once"
+            );
+        }
+        assert_eq!(
+            available(&f.env),
+            before,
+            "a distributed query left memory allocated"
+        );
+    }
+}
+
+/// A Polars frame of record batches (the answer of a distributed query).
+fn polars_of(schema: &arrow_schema::SchemaRef, batches: &[arrow_array::RecordBatch]) -> DataFrame {
+    let e = env(Backend::Local, 64 << 20);
+    let mut w = scad_remote_frame::FrameWriter::with_arrow_schema(&e.env, schema).unwrap();
+    for b in batches {
+        w.push_batch(b).unwrap();
+    }
+    let frame = w.finish().unwrap();
+    let df = frame.to_polars().unwrap();
+    frame.free().unwrap();
+    df
+}
+
+#[test]
+fn a_failing_task_fails_its_query_naming_it_and_frees_everything() {
+    let f = fixture(20_000, 300, 400, 300);
+    let driver = f.session_with(None, Some(3));
+    let sql =
+        "SELECT d.label, count(*) AS n FROM fact f JOIN dim d ON f.k1 = d.d1 GROUP BY d.label";
+    let plan = driver.stages(sql).unwrap();
+    let before = available(&f.env);
+    // A task of the first stage that has several: the query stops there.
+    let split = plan.stages.iter().find(|s| s.tasks > 1).unwrap();
+    let runner = FailingRunner {
+        inner: scad_remote_frame::ThreadRunner::new(f.env.elements()).unwrap(),
+        fail: (split.id, 1),
+        ran: Default::default(),
+    };
+    let err = driver.run_distributed(sql, &runner, 2).unwrap_err();
+    assert!(
+        matches!(&err, Error::TaskFailed { stage, task: 1, message } if *stage == split.id && message.contains("worker lost")),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&format!("stage {} task 1", split.id)),
+        "{err}"
+    );
+    let ran = runner.ran.lock().unwrap().clone();
+    let readers: Vec<usize> = plan
+        .stages
+        .iter()
+        .filter(|s| s.inputs.contains(&split.id))
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        ran.iter().all(|(s, _)| !readers.contains(s)),
+        "a reader of the failed stage started: {ran:?}"
+    );
+    assert_eq!(
+        available(&f.env),
+        before,
+        "a failed query left memory allocated"
+    );
+
+    // A task failing in the engine (a cast that fails at run time) names its error.
+    let bad = "SELECT CAST(label AS INT) AS x FROM dim d JOIN fact f ON f.k1 = d.d1";
+    let runner = scad_remote_frame::ThreadRunner::new(f.env.elements()).unwrap();
+    let err = driver.run_distributed(bad, &runner, 2).unwrap_err();
+    assert!(matches!(&err, Error::TaskFailed { .. }), "{err}");
+    assert!(err.to_string().to_lowercase().contains("cast"), "{err}");
+    assert_eq!(
+        available(&f.env),
+        before,
+        "a failed query left memory allocated"
+    );
+    // The session still runs queries.
+    let out = driver.run_distributed(sql, &runner, 2).unwrap();
+    assert_eq!(out.rows(), driver.sql(sql).unwrap().rows());
+}
+
+#[test]
+fn a_task_spec_with_a_freed_input_or_a_wrong_task_is_refused() {
+    let f = fixture(5_000, 100, 100, 100);
+    let driver = f.session_with(None, Some(2));
+    let sql =
+        "SELECT d.label, count(*) AS n FROM fact f JOIN dim d ON f.k1 = d.d1 GROUP BY d.label";
+    let plan = driver.stages(sql).unwrap();
+    let first = &plan.stages[0];
+    let out = driver
+        .run_stage(sql, first.id, &Default::default())
+        .unwrap();
+    let metas: Vec<Vec<String>> = out
+        .frames
+        .iter()
+        .map(|p| p.iter().map(|fr| fr.to_json().unwrap()).collect())
+        .collect();
+    let reader = plan
+        .stages
+        .iter()
+        .find(|s| s.inputs == vec![first.id])
+        .unwrap();
+    let tables = [("fact", 0), ("dim", 1)]
+        .into_iter()
+        .map(|(n, k)| (n.to_owned(), f.frames[k].1.to_json().unwrap()))
+        .collect();
+    let spec = scad_remote_frame::TaskSpec {
+        sql: sql.to_owned(),
+        stage: reader.id,
+        task: 0,
+        budget: None,
+        partitions: 2,
+        chunk_rows: 4096,
+        tables,
+        inputs: [(first.id, metas)].into_iter().collect(),
+        region: None,
+    };
+    let elements = || {
+        let e = std::sync::Arc::new(scad_remote_array::MemoryElements::new());
+        for name in f.env.elements().names() {
+            e.add(&name, f.env.elements().transport(&name).unwrap())
+                .unwrap();
+        }
+        e
+    };
+    let mut wrong = spec.clone();
+    wrong.task = reader.tasks;
+    let err = scad_remote_frame::run_task(elements(), &wrong).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!("task {}", reader.tasks)),
+        "{err}"
+    );
+    out.free().unwrap();
+    let err = scad_remote_frame::run_task(elements(), &spec).unwrap_err();
+    assert!(
+        matches!(err, Error::Freed { .. } | Error::Stale { .. }),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_stage_without_its_inputs_is_refused() {
     let f = fixture(5_000, 100, 100, 100);

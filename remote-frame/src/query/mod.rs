@@ -48,6 +48,7 @@
 
 mod aggregate;
 mod chain_order;
+mod distributed;
 mod grace;
 mod join;
 mod join_order;
@@ -96,6 +97,9 @@ use crate::budget::Budget;
 use crate::env::FrameEnv;
 use crate::error::{Error, NameKind, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
+pub use distributed::{
+    run_task, DistributedOutput, TaskOutput, TaskRecord, TaskRunner, TaskSpec, ThreadRunner,
+};
 pub use lazy::{expr, LazyQuery};
 use peak::PeakPool;
 use scan::RemoteTable;
@@ -363,6 +367,11 @@ impl QuerySession {
             tables: Mutex::new(BTreeMap::new()),
             running: Mutex::new(()),
         })
+    }
+
+    /// Partitions this session's plans use.
+    pub fn partitions(&self) -> usize {
+        self.ctx.state().config().target_partitions()
     }
 
     /// The env whose budget and memory elements the session uses.

@@ -360,6 +360,13 @@ impl QuerySession {
         })
     }
 
+    /// The stages of `sql` and the schema its answer is stored in.
+    pub(super) fn stage_plan(&self, sql: &str) -> Result<(StagePlan, SchemaRef)> {
+        let plan = self.stages(sql)?;
+        let (_, physical) = self.plan_for(sql, true)?;
+        Ok((plan, StorageSchema::new(&physical.schema()).schema))
+    }
+
     /// Runs every task of stage `stage` of `sql` here, at once, from its inputs'
     /// outputs (`inputs`: stage number → that stage's output, as earlier runs wrote it,
     /// in this process or others) and writes its output to memory elements, within the
