@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 pub mod action;
 pub mod arrow_ffi;
 pub mod buffer;
+pub mod distributed;
 pub mod errors;
 pub mod frame;
 pub mod join;
@@ -47,6 +48,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<frame::PyFrame>()?;
     m.add_class::<query::PyQuerySession>()?;
     m.add_class::<query::PyQueryResult>()?;
+    m.add_class::<distributed::PyDistributedQuery>()?;
+    m.add_class::<distributed::PyAnswer>()?;
     m.add_class::<action::PyAction>()?;
     m.add_class::<action::PyEndpoint>()?;
     m.add_class::<buffer::RegisteredBytes>()?;
@@ -61,6 +64,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(join::partition_on_pair, m)?)?;
     m.add_function(wrap_pyfunction!(join::groupsort_indexer, m)?)?;
     m.add_function(wrap_pyfunction!(query::sql_in_env, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed::run_task, m)?)?;
     m.add_function(wrap_pyfunction!(query::explain_in_env, m)?)?;
     m.add_function(wrap_pyfunction!(query::env_sessions_started, m)?)?;
     m.add_function(wrap_pyfunction!(server::py_parse_size, m)?)?;

@@ -142,7 +142,7 @@ pub fn env_sessions_started() -> u64 {
 /// the session's queries share; they spill to the env's memory elements.
 #[pyclass(module = "scad._native", name = "QuerySession", frozen)]
 pub struct PyQuerySession {
-    inner: QuerySession,
+    pub(crate) inner: QuerySession,
 }
 
 #[pymethods]

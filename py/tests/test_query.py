@@ -311,3 +311,48 @@ def test_a_one_key_join_over_the_budget_raises_budget_exceeded_and_frees_its_spi
     assert session.spill_bytes_held == 0
     # The session still answers what fits.
     assert session.sql("SELECT count(*) AS n FROM fact").to_polars()["n"][0] == 20_000
+
+
+# -- a query as tasks ------------------------------------------------------------------------------
+def test_a_query_run_task_by_task_through_specs_equals_the_query(env, tables, big_server):
+    """The driver hands out task specs (JSON), each task runs over a store of its own
+    (as a worker process would), the answer equals the query's and nothing stays
+    allocated; a reported failure fails the query naming the task."""
+    import json
+
+    import pyarrow as pa
+
+    f, d, ff, df = tables
+    session = scad.QuerySession(env, partitions=3, fact=ff, dim=df)
+    free_before = json.loads(env.store.allocation_state())
+    query = _native.DistributedQuery(session._raw, JOIN_GROUP_BY)
+    plan = json.loads(query.plan())
+    assert any(s["tasks"] == 3 for s in plan["stages"])
+    ran = 0
+    while not query.is_over:
+        spec = query.next_task()
+        assert spec is not None, "no task ready while none runs"
+        started = query.clock()
+        worker = scad.Store({"mem0": big_server.url}, pool_bytes=4 << 20)
+        out = _native.run_task(worker._store, spec)
+        assert json.loads(out)["stage"] == json.loads(spec)["stage"]
+        query.task_done(out, started)
+        ran += 1
+    assert ran == sum(s["tasks"] for s in plan["stages"])
+    answer, info = query.finish()
+    assert info["ordered"] and info["shuffle_bytes"] > 0 and len(json.loads(info["tasks"])) == ran
+    got = pl.DataFrame(pa.table(answer))
+    assert_frame_equal(got, session.sql(JOIN_GROUP_BY).to_polars(), check_exact=False, rel_tol=1e-9)
+    assert json.loads(env.store.allocation_state()) == free_before
+    with pytest.raises(ValueError, match="finished"):
+        query.next_task()
+
+    failing = _native.DistributedQuery(session._raw, JOIN_GROUP_BY)
+    spec = json.loads(failing.next_task())
+    failing.task_failed(spec["stage"], spec["task"], "worker lost")
+    assert failing.next_task() is None and failing.is_over
+    with pytest.raises(scad.ScadError, match=f"stage {spec['stage']} task {spec['task']} failed: worker lost"):
+        failing.finish()
+    with pytest.raises(ValueError, match="task output"):
+        _native.DistributedQuery(session._raw, JOIN_GROUP_BY).task_done("{}", 0.0)
+    assert json.loads(env.store.allocation_state()) == free_before

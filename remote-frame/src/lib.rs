@@ -113,8 +113,9 @@ pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta};
 #[cfg(feature = "polars")]
 pub use polars::prelude::DataFrame;
 pub use query::{
-    run_task, DistributedOutput, QueryOutput, QuerySession, QueryStats, Stage, StageFrames,
-    StageOutput, StagePlan, TaskOutput, TaskRecord, TaskRunner, TaskSpec, ThreadRunner,
+    run_task, DistributedOutput, DistributedQuery, QueryOutput, QuerySession, QueryStats, Stage,
+    StageFrames, StageOutput, StagePlan, TaskOutput, TaskRecord, TaskRunner, TaskSpec,
+    ThreadRunner,
 };
 pub use seal::{Seal, SEAL_BYTES};
 

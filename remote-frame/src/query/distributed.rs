@@ -27,7 +27,7 @@ use arrow_schema::SchemaRef;
 use scad_remote_array::{AllocationState, MemoryElements, RemoteAllocator};
 use serde::{Deserialize, Serialize};
 
-use super::QuerySession;
+use super::{QuerySession, StagePlan};
 use crate::budget::Budget;
 use crate::env::FrameEnv;
 use crate::error::{Error, Result};
@@ -231,8 +231,8 @@ impl DistributedOutput {
 
 /// The memory a query's tasks allocate in: the free space above every element's
 /// allocations, reserved in the driver's allocators until dropped.
-struct QueryRegion<'a> {
-    elements: &'a MemoryElements,
+struct QueryRegion {
+    elements: Arc<MemoryElements>,
     /// (element, start, bytes) reserved.
     reserved: Vec<(String, u64, u64)>,
     slot_bytes: u64,
@@ -241,12 +241,12 @@ struct QueryRegion<'a> {
 /// The smallest slot a task is given.
 const MIN_SLOT_BYTES: u64 = 1 << 20;
 
-impl<'a> QueryRegion<'a> {
+impl QueryRegion {
     /// Reserves the space above each element's bump pointer for `slots` tasks.
-    fn reserve(elements: &'a MemoryElements, slots: usize) -> Result<Self> {
+    fn reserve(elements: &Arc<MemoryElements>, slots: usize) -> Result<Self> {
         let align = elements.alignment();
         let mut region = QueryRegion {
-            elements,
+            elements: Arc::clone(elements),
             reserved: Vec::new(),
             slot_bytes: u64::MAX,
         };
@@ -282,7 +282,7 @@ impl<'a> QueryRegion<'a> {
     }
 }
 
-impl Drop for QueryRegion<'_> {
+impl Drop for QueryRegion {
     fn drop(&mut self) {
         for (name, start, bytes) in &self.reserved {
             if let Err(e) = self.elements.free(name, *start, *bytes) {
@@ -292,28 +292,52 @@ impl Drop for QueryRegion<'_> {
     }
 }
 
-impl QuerySession {
-    /// Runs `sql` as tasks on `runner`, at most `workers` at once: every task of a
-    /// stage as soon as the stages it reads are done (so independent stages run at the
-    /// same time), each allocating in a slot of its own of the memory above this
-    /// session's allocations. Returns the answer, read back here, and the task log.
-    /// Everything the tasks allocated is free again when this returns, on error too.
+/// A query being run as tasks, driven from outside: hand out the specs of ready
+/// tasks ([`DistributedQuery::next_task`]), report each task's end
+/// ([`DistributedQuery::task_done`], [`DistributedQuery::task_failed`]), and read the
+/// answer when every task is done ([`DistributedQuery::finish`]). A stage's tasks
+/// become ready when the stages it reads are done. Holds the query's memory
+/// reservation: dropping it (finished, failed or abandoned) frees everything the
+/// tasks allocated.
+pub struct DistributedQuery {
+    env: FrameEnv,
+    sql: String,
+    plan: StagePlan,
+    stored_schema: SchemaRef,
+    tables: BTreeMap<String, String>,
+    partitions: usize,
+    first_slot: Vec<usize>,
+    region: QueryRegion,
+    /// Stage → partition → frames, for finished stages.
+    outputs: BTreeMap<usize, Vec<Vec<String>>>,
+    done: Vec<Vec<Option<TaskOutput>>>,
+    started: Vec<bool>,
+    ready: VecDeque<(usize, usize)>,
+    running: usize,
+    log: Vec<TaskRecord>,
+    failure: Option<Error>,
+    start: Instant,
+}
+
+impl std::fmt::Debug for DistributedQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DistributedQuery")
+            .field("stages", &self.plan.stages.len())
+            .field("running", &self.running)
+            .field("finished", &self.log.len())
+            .finish()
+    }
+}
+
+impl DistributedQuery {
+    /// Plans `sql` in `session` and reserves memory for its tasks.
     ///
     /// # Errors
-    /// [`Error::TaskFailed`] naming the first task that failed (the others still
-    /// running are waited for; none is started after it); [`Error::InvalidArgument`]
-    /// when the memory elements have too little room for the query's tasks; planning
-    /// errors as [`QuerySession::sql`].
-    pub fn run_distributed(
-        &self,
-        sql: &str,
-        runner: &dyn TaskRunner,
-        workers: usize,
-    ) -> Result<DistributedOutput> {
-        let start = Instant::now();
-        let workers = workers.max(1);
-        let (plan, stored_schema) = self.stage_plan(sql)?;
-        let tables = self
+    /// Planning errors as [`QuerySession::sql`]; [`Error::InvalidArgument`] when the
+    /// memory elements have too little room for the query's tasks.
+    pub fn new(session: &QuerySession, sql: &str) -> Result<Self> {
+        let (plan, stored_schema) = session.stage_plan(sql)?;
+        let tables = session
             .tables
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -321,8 +345,8 @@ impl QuerySession {
             .map(|(name, frame)| Ok((name.clone(), frame.to_json()?)))
             .collect::<Result<BTreeMap<_, _>>>()?;
         let slots: usize = plan.stages.iter().map(|s| s.tasks).sum();
-        let region = QueryRegion::reserve(self.env().elements(), slots)?;
-        let first_slot: Vec<usize> = plan
+        let region = QueryRegion::reserve(session.env().elements(), slots)?;
+        let first_slot = plan
             .stages
             .iter()
             .scan(0, |next, s| {
@@ -331,121 +355,171 @@ impl QuerySession {
                 Some(first)
             })
             .collect();
-        let spec_of = |stage: usize, task: usize, outputs: &BTreeMap<usize, Vec<Vec<String>>>| {
-            let s = &plan.stages[stage];
-            Ok::<_, Error>(TaskSpec {
-                sql: sql.to_owned(),
+        let mut query = DistributedQuery {
+            env: session.env().clone(),
+            sql: sql.to_owned(),
+            done: plan.stages.iter().map(|s| vec![None; s.tasks]).collect(),
+            started: vec![false; plan.stages.len()],
+            plan,
+            stored_schema,
+            tables,
+            partitions: session.partitions(),
+            first_slot,
+            region,
+            outputs: BTreeMap::new(),
+            ready: VecDeque::new(),
+            running: 0,
+            log: Vec::new(),
+            failure: None,
+            start: Instant::now(),
+        };
+        query.release_ready();
+        Ok(query)
+    }
+
+    /// The query's stages.
+    pub fn plan(&self) -> &StagePlan {
+        &self.plan
+    }
+
+    /// Seconds since the query started (the clock of [`TaskRecord`]).
+    pub fn clock(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Makes the tasks of every stage whose inputs are all done ready.
+    fn release_ready(&mut self) {
+        for s in &self.plan.stages {
+            if !self.started[s.id] && s.inputs.iter().all(|i| self.outputs.contains_key(i)) {
+                self.started[s.id] = true;
+                self.ready.extend((0..s.tasks).map(|t| (s.id, t)));
+            }
+        }
+    }
+
+    /// The spec of a task ready to run (it counts as running from now on), or None
+    /// while none is ready (all running tasks must end first) or after a failure.
+    ///
+    /// # Errors
+    /// [`Error::Array`] if a slot's allocators cannot be made.
+    pub fn next_task(&mut self) -> Result<Option<TaskSpec>> {
+        if self.failure.is_some() {
+            return Ok(None);
+        }
+        let Some((stage, task)) = self.ready.pop_front() else {
+            return Ok(None);
+        };
+        let s = &self.plan.stages[stage];
+        let spec = TaskSpec {
+            sql: self.sql.clone(),
+            stage,
+            task,
+            budget: self.env.budget().limit(),
+            partitions: self.partitions,
+            chunk_rows: self.env.chunk_rows(),
+            tables: self.tables.clone(),
+            inputs: s
+                .inputs
+                .iter()
+                .map(|i| (*i, self.outputs.get(i).cloned().unwrap_or_default()))
+                .collect(),
+            region: Some(self.region.slot(self.first_slot[stage] + task)?),
+        };
+        self.running += 1;
+        Ok(Some(spec))
+    }
+
+    /// Tasks handed out and not yet reported.
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Whether every task is done (the answer can be read) or the query failed and
+    /// no task is running any more.
+    pub fn is_over(&self) -> bool {
+        self.running == 0 && (self.failure.is_some() || self.ready.is_empty())
+    }
+
+    /// Reports that a task handed out at `started_s` (on [`DistributedQuery::clock`])
+    /// finished with `output`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a task that was not handed out or reported twice.
+    pub fn task_done(&mut self, output: TaskOutput, started_s: f64) -> Result<()> {
+        let (stage, task) = (output.stage, output.task);
+        let slot = self
+            .done
+            .get_mut(stage)
+            .and_then(|d| d.get_mut(task))
+            .filter(|d| d.is_none())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "stage {stage} task {task} is not a running task of this query"
+                ))
+            })?;
+        *slot = Some(output.clone());
+        self.running = self.running.saturating_sub(1);
+        self.log.push(TaskRecord {
+            output,
+            started_s,
+            ended_s: self.clock(),
+        });
+        if self.done[stage].iter().all(Option::is_some) {
+            let mut parts = vec![Vec::new(); self.plan.stages[stage].partitions];
+            for out in self.done[stage].iter().flatten() {
+                for (q, metas) in out.outputs.iter().enumerate() {
+                    if let Some(p) = parts.get_mut(q) {
+                        p.extend(metas.iter().cloned());
+                    }
+                }
+            }
+            self.outputs.insert(stage, parts);
+            self.release_ready();
+        }
+        Ok(())
+    }
+
+    /// Reports that task `task` of stage `stage` failed with `error`: no task is
+    /// handed out after this; the query fails with the first failure reported.
+    pub fn task_failed(&mut self, stage: usize, task: usize, error: Error) {
+        self.running = self.running.saturating_sub(1);
+        self.failure.get_or_insert(match error {
+            e @ Error::TaskFailed { .. } => e,
+            other => Error::TaskFailed {
                 stage,
                 task,
-                budget: self.env().budget().limit(),
-                partitions: self.partitions(),
-                chunk_rows: self.env().chunk_rows(),
-                tables: tables.clone(),
-                inputs: s
-                    .inputs
-                    .iter()
-                    .map(|i| (*i, outputs.get(i).cloned().unwrap_or_default()))
-                    .collect(),
-                region: Some(region.slot(first_slot[stage] + task)?),
-            })
-        };
-
-        // Stage → partition → frames, filled as tasks finish (in task order).
-        let mut outputs: BTreeMap<usize, Vec<Vec<String>>> = BTreeMap::new();
-        let mut done: Vec<Vec<Option<TaskOutput>>> =
-            plan.stages.iter().map(|s| vec![None; s.tasks]).collect();
-        let mut complete = vec![false; plan.stages.len()];
-        let mut started = vec![false; plan.stages.len()];
-        let mut ready: VecDeque<(usize, usize)> = VecDeque::new();
-        let mut log = Vec::new();
-        let mut failure: Option<Error> = None;
-        let release = |ready: &mut VecDeque<(usize, usize)>,
-                       started: &mut Vec<bool>,
-                       complete: &Vec<bool>| {
-            for s in &plan.stages {
-                if !started[s.id] && s.inputs.iter().all(|&i| complete[i]) {
-                    started[s.id] = true;
-                    ready.extend((0..s.tasks).map(|t| (s.id, t)));
-                }
-            }
-        };
-        release(&mut ready, &mut started, &complete);
-        std::thread::scope(|scope| {
-            let (tx, rx) = mpsc::channel();
-            let mut running = 0;
-            loop {
-                while failure.is_none() && running < workers {
-                    let Some((stage, task)) = ready.pop_front() else {
-                        break;
-                    };
-                    match spec_of(stage, task, &outputs) {
-                        Ok(spec) => {
-                            let tx = tx.clone();
-                            let began = start.elapsed().as_secs_f64();
-                            running += 1;
-                            scope.spawn(move || {
-                                let result = runner.run(&spec);
-                                // The driver waits for every running task; it is
-                                // there to receive.
-                                let _ = tx.send((stage, task, began, result));
-                            });
-                        }
-                        Err(e) => failure = Some(e),
-                    }
-                }
-                if running == 0 {
-                    break;
-                }
-                let Ok((stage, task, began, result)) = rx.recv() else {
-                    break;
-                };
-                running -= 1;
-                match result {
-                    Ok(out) => {
-                        log.push(TaskRecord {
-                            output: out.clone(),
-                            started_s: began,
-                            ended_s: start.elapsed().as_secs_f64(),
-                        });
-                        done[stage][task] = Some(out);
-                        if done[stage].iter().all(Option::is_some) {
-                            let mut parts = vec![Vec::new(); plan.stages[stage].partitions];
-                            for out in done[stage].iter().flatten() {
-                                for (q, metas) in out.outputs.iter().enumerate() {
-                                    if let Some(p) = parts.get_mut(q) {
-                                        p.extend(metas.iter().cloned());
-                                    }
-                                }
-                            }
-                            outputs.insert(stage, parts);
-                            complete[stage] = true;
-                            release(&mut ready, &mut started, &complete);
-                        }
-                    }
-                    Err(e) => {
-                        failure.get_or_insert(match e {
-                            e @ Error::TaskFailed { .. } => e,
-                            other => Error::TaskFailed {
-                                stage,
-                                task,
-                                message: other.to_string(),
-                            },
-                        });
-                    }
-                }
-            }
+                message: other.to_string(),
+            },
         });
-        if let Some(e) = failure {
+    }
+
+    /// The answer, read from the root stage's frames, and the task log; frees the
+    /// query's memory.
+    ///
+    /// # Errors
+    /// The first task failure; [`Error::InvalidArgument`] while tasks are still to
+    /// run; errors reading the answer.
+    pub fn finish(mut self) -> Result<DistributedOutput> {
+        if let Some(e) = self.failure.take() {
             return Err(e);
         }
-        let root = plan.stages.len() - 1;
+        let root = self.plan.stages.len() - 1;
+        let answer = self.outputs.get(&root).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "the query is not done: {} task(s) running, {} ready",
+                self.running,
+                self.ready.len()
+            ))
+        })?;
         let mut batches = Vec::new();
-        for meta in outputs.get(&root).into_iter().flatten().flatten() {
-            batches.extend(RemoteFrame::from_json(self.env(), meta)?.to_record_batches()?);
+        for meta in answer.iter().flatten() {
+            batches.extend(RemoteFrame::from_json(&self.env, meta)?.to_record_batches()?);
         }
-        drop(region);
-        let schema = batches.first().map_or(stored_schema, RecordBatch::schema);
-        let shuffle_bytes = log
+        let schema = batches
+            .first()
+            .map_or_else(|| self.stored_schema.clone(), RecordBatch::schema);
+        let shuffle_bytes = self
+            .log
             .iter()
             .filter(|r| r.output.stage != root)
             .map(|r| r.output.bytes_written)
@@ -453,11 +527,74 @@ impl QuerySession {
         Ok(DistributedOutput {
             schema,
             batches,
-            ordered: plan.ordered,
-            tasks: log,
-            stages: plan.stages.len(),
+            ordered: self.plan.ordered,
+            stages: self.plan.stages.len(),
             shuffle_bytes,
-            elapsed: start.elapsed(),
+            elapsed: self.start.elapsed(),
+            tasks: std::mem::take(&mut self.log),
         })
+    }
+}
+
+impl QuerySession {
+    /// Runs `sql` as tasks on `runner`, at most `workers` at once, in threads of this
+    /// process that call the runner (see [`DistributedQuery`]: stages run as soon as
+    /// their inputs are done, each task in a memory slot of its own). Returns the
+    /// answer, read back here, and the task log. Everything the tasks allocated is
+    /// free again when this returns, on error too.
+    ///
+    /// # Errors
+    /// [`Error::TaskFailed`] naming the first task that failed (the others still
+    /// running are waited for; none is started after it); as
+    /// [`DistributedQuery::new`].
+    pub fn run_distributed(
+        &self,
+        sql: &str,
+        runner: &dyn TaskRunner,
+        workers: usize,
+    ) -> Result<DistributedOutput> {
+        let workers = workers.max(1);
+        let mut query = DistributedQuery::new(self, sql)?;
+        std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel();
+            loop {
+                while query.running() < workers {
+                    match query.next_task() {
+                        Ok(Some(spec)) => {
+                            let tx = tx.clone();
+                            let began = query.clock();
+                            scope.spawn(move || {
+                                let result = runner.run(&spec);
+                                // The driver waits for every running task: it is
+                                // there to receive.
+                                let _ = tx.send((spec.stage, spec.task, began, result));
+                            });
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            query.task_failed(0, 0, e);
+                            break;
+                        }
+                    }
+                }
+                if query.running() == 0 {
+                    break;
+                }
+                let Ok((stage, task, began, result)) = rx.recv() else {
+                    break;
+                };
+                let reported = match result {
+                    Ok(out) => query.task_done(out, began),
+                    Err(e) => {
+                        query.task_failed(stage, task, e);
+                        Ok(())
+                    }
+                };
+                if let Err(e) = reported {
+                    query.task_failed(stage, task, e);
+                }
+            }
+        });
+        query.finish()
     }
 }

@@ -98,7 +98,8 @@ use crate::env::FrameEnv;
 use crate::error::{Error, NameKind, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
 pub use distributed::{
-    run_task, DistributedOutput, TaskOutput, TaskRecord, TaskRunner, TaskSpec, ThreadRunner,
+    run_task, DistributedOutput, DistributedQuery, TaskOutput, TaskRecord, TaskRunner, TaskSpec,
+    ThreadRunner,
 };
 pub use lazy::{expr, LazyQuery};
 use peak::PeakPool;
