@@ -12,8 +12,9 @@ loading not).
 
 Per query and mode: wall time; for distributed runs also tasks, stages, shuffle bytes
 (bytes written by every task but the root's), and the time split: compute (the tasks'
-in-engine time, summed), scheduling (each task's wall time in its worker minus its
-in-engine time: connecting, opening tables, Ray's argument passing, summed) and the
+in-engine time, summed; it includes each task's own planning of the query, which
+``run_stage_task`` repeats in every task), scheduling (each task's wall time in its
+worker minus its in-engine time: connecting, opening the tables, summed) and the
 driver's share (planning and reading the answer). Writes JSON lines to ``--json`` and a
 Markdown table to ``--md`` (default ``benches/results/distributed.{jsonl,md}``), and
 prints the table::
@@ -158,7 +159,8 @@ def markdown(args: argparse.Namespace, results: List[Dict[str, Any]], node_count
         f"({os.cpu_count()} cores, {platform.machine()}), memory elements one per node; baseline: the same "
         "engine in one process over one in-process memory server, same budget. One timed run per query "
         "(planning included, loading not). Scheduling = each task's wall time in its worker minus its "
-        f"in-engine time, summed; compute = in-engine time, summed. Load average at the end: "
+        "in-engine time, summed; compute = in-engine time (with the task's own planning of the query), "
+        f"summed. Load average at the end: "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
         "",
         "| mode | queries equal | total s | geomean vs local | compute s | scheduling s | driver s | "

@@ -163,6 +163,15 @@ def test_too_many_tasks_for_the_regions_are_refused(cluster):
         assert ds.sql("SELECT count(*) AS n FROM t").table.to_pylist() == [{"n": 1000}]
 
 
+def test_a_task_outgrowing_its_region_fails_the_query_saying_so(cluster):
+    t = pa.table({"k": pa.array(range(200_000), pa.int64())})
+    with scad.DistributedSession({"t": t}, partitions=2, region_bytes=64 << 10) as ds:
+        with pytest.raises(scad.DistributedQueryError, match=r"MemoryError: .* is full: raise region_bytes"):
+            ds.sql("SELECT k % 100000 AS g, count(*) AS n FROM t GROUP BY g")
+        assert ds.slots_in_use == 0
+        assert ds.sql("SELECT count(*) AS n FROM t").table.to_pylist() == [{"n": 200_000}]
+
+
 # -- failures --------------------------------------------------------------------------------------
 
 N = 20_000

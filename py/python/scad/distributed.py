@@ -524,6 +524,9 @@ class DistributedSession:
                 _, _, ref, error = min(failed, key=lambda f: (f[0], f[1]))
                 s, t, _ = owner[ref]
                 cause = _cause(error)
+                if cause.startswith("MemoryError") and "cannot fit an allocation" in cause:
+                    cause += (f" (the task's region, {self.region_bytes} bytes in each memory element, is full: "
+                              "raise region_bytes)")
                 lost = self._lost_elements()
                 if lost:
                     self._broken = f"memory element(s) {', '.join(lost)} died (their tables are gone)"
