@@ -931,7 +931,7 @@ fn a_task_spec_with_a_freed_input_or_a_wrong_task_is_refused() {
         chunk_rows: 4096,
         tables,
         inputs: [(first.id, metas)].into_iter().collect(),
-        region: None,
+        region: f.env.elements().allocation_state(),
     };
     let elements = || {
         let e = std::sync::Arc::new(scad_remote_array::MemoryElements::new());

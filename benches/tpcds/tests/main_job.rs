@@ -1,18 +1,17 @@
 //! The main job as a user runs it (the `tpcds-main` binary) on the SF 0.01 test set,
-//! and queries run one stage per process against `memory_server` processes.
+//! and queries run distributed, every task a process of its own, against
+//! `memory_server` processes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 use std::sync::OnceLock;
 
 use scad_benches::MemoryServerProcess;
-use scad_remote_frame::Budget;
+use scad_remote_frame::{Budget, Error as FrameError, QuerySession, TaskRunner};
 use scad_tpcds::data::{generate, DataSet, GenerateOptions};
-use scad_tpcds::engine::{query_sql, session};
-use scad_tpcds::remote::{Cluster, RemoteError};
-use scad_tpcds::stages::{
-    load_run_dir, read_stage, run_query_in_processes, run_stage_here, StageCommand,
-};
+use scad_tpcds::engine::query_sql;
+use scad_tpcds::remote::{load_tables, Cluster};
+use scad_tpcds::stages::{run_query_distributed, ProcessRunner};
 
 const MAIN: &str = env!("CARGO_BIN_EXE_tpcds-main");
 
@@ -90,6 +89,7 @@ fn bad_arguments_are_refused_before_anything_runs() {
         (&["--budget", "lots"][..], "budget"),
         (&["--stage-processes", "--transport", "shm"][..], "tcp"),
         (&["--elements", "0"][..], "at least 1"),
+        (&["--stage-processes", "--workers", "0"][..], "at least 1"),
     ] {
         let out = Command::new(MAIN)
             .args(["--sf", "0.01", "--duckdb-repeats", "0"])
@@ -102,8 +102,20 @@ fn bad_arguments_are_refused_before_anything_runs() {
     }
 }
 
+/// Free bytes over all of `cluster`'s memory elements.
+fn available(cluster: &Cluster) -> u64 {
+    cluster
+        .env()
+        .elements()
+        .allocation_state()
+        .allocators
+        .iter()
+        .map(|a| a.available())
+        .sum()
+}
+
 #[test]
-fn queries_run_one_stage_per_process_against_memory_server_processes() {
+fn queries_run_distributed_as_task_processes_against_memory_server_processes() {
     let servers = [
         MemoryServerProcess::start("512M").unwrap(),
         MemoryServerProcess::start("512M").unwrap(),
@@ -112,67 +124,84 @@ fn queries_run_one_stage_per_process_against_memory_server_processes() {
     let set = data_set();
     let mut cluster = Cluster::connect_tcp(&addrs).unwrap();
     cluster.set_chunk_rows(4096);
-    let dir = std::env::temp_dir().join(format!("tpcds-stages-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let tables = load_run_dir(&cluster, set, &dir).unwrap();
+    let tables = load_tables(&cluster, set, None).unwrap();
     let budget = tables.largest_bytes() / 4;
-    let command = StageCommand {
-        program: MAIN.into(),
-        args: [
-            "stage",
-            "run",
-            "--servers",
-            &addrs.join(","),
-            "--data",
-            set.root.to_str().unwrap(),
-            "--dir",
-            dir.to_str().unwrap(),
-            "--chunk-rows",
-            "4096",
-            "--budget",
-            &budget.to_string(),
-        ]
-        .map(String::from)
-        .to_vec(),
-    };
-    // q98 has a window function; q95 a self-join and EXISTS; q16 EXISTS / NOT EXISTS.
-    for q in ["q1", "q16", "q95", "q98"] {
-        let (run, reports) = run_query_in_processes(&cluster, set, &dir, q, budget, &command)
-            .unwrap_or_else(|e| panic!("{q}: {e}"));
-        assert!(run.equal(), "{q}: {:?}", run.error);
-        assert!(reports.len() > 1, "{q} ran as {} stage(s)", reports.len());
-        for r in &reports {
-            assert!(r.peak_local_bytes <= budget, "{q} stage {}: {r:?}", r.stage);
-        }
-        assert!(run.handoff_bytes > 0, "{q}: no stage output handed on");
-        assert!(!dir.join(q).exists(), "{q}: stage outputs left behind");
-    }
-
-    // A handoff whose memory was freed, or whose file was mangled, is refused.
-    let planner = session(
+    // Three partitions: stages split into tasks as on a cluster.
+    let driver = QuerySession::with_partitions(
         &cluster.env().with_budget(Budget::bytes(budget).unwrap()),
-        &tables.open(&cluster).unwrap(),
+        3,
     )
     .unwrap();
-    let plan = planner.stages(&query_sql(set, "q1").unwrap()).unwrap();
-    let reader = plan
-        .stages
-        .iter()
-        .find(|s| s.inputs.contains(&0))
-        .unwrap()
-        .id;
-    run_stage_here(&cluster, set, &dir, "q1", 0, budget).unwrap();
-    for h in read_stage(&dir, "q1", 0).unwrap().into_iter().flatten() {
-        cluster.reserve_past(&[&h]).unwrap();
-        h.free(&cluster).unwrap();
+    for (name, frame) in tables.open(&cluster).unwrap() {
+        driver.register(&name, &frame).unwrap();
     }
-    let err = run_stage_here(&cluster, set, &dir, "q1", reader, budget).unwrap_err();
-    assert!(matches!(err, RemoteError::Stale { .. }), "{err}");
-    assert!(err.to_string().contains("freed"), "{err}");
-    let err = run_stage_here(&cluster, set, &dir, "q1", 999, budget).unwrap_err();
-    assert!(err.to_string().contains("no stage 999"), "{err}");
-    std::fs::write(dir.join("q1").join("stage-0.json"), "[{\"version\": 1").unwrap();
-    let err = run_stage_here(&cluster, set, &dir, "q1", reader, budget).unwrap_err();
-    assert!(matches!(err, RemoteError::BadJson { .. }), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    let runner = ProcessRunner {
+        program: MAIN.into(),
+        args: ["stage", "task", "--servers", &addrs.join(",")]
+            .map(String::from)
+            .to_vec(),
+    };
+    let free_before = available(&cluster);
+    // q98 has a window function; q95 a self-join and EXISTS; q16 EXISTS / NOT EXISTS.
+    for q in ["q1", "q16", "q95", "q98"] {
+        let (run, tasks) = run_query_distributed(&driver, set, q, &runner, 2)
+            .unwrap_or_else(|e| panic!("{q}: {e}"));
+        assert!(run.equal(), "{q}: {:?}", run.error);
+        let plan = driver.stages(&query_sql(set, q).unwrap()).unwrap();
+        assert_eq!(
+            tasks.len(),
+            plan.stages.iter().map(|s| s.tasks).sum::<usize>()
+        );
+        assert!(
+            tasks.len() > plan.stages.len(),
+            "{q}: no stage split into tasks"
+        );
+        for t in &tasks {
+            assert!(t.output.peak_local_bytes <= budget, "{q}: {t:?}");
+        }
+        assert!(run.handoff_bytes > 0, "{q}: nothing handed on");
+        assert_eq!(
+            available(&cluster),
+            free_before,
+            "{q} left memory allocated"
+        );
+    }
+
+    // A task process that cannot start, or fails, fails its query naming the task.
+    let broken = ProcessRunner {
+        program: MAIN.into(),
+        args: ["stage", "task", "--servers", "127.0.0.1:1"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let sql = query_sql(set, "q1").unwrap();
+    let err = driver.run_distributed(&sql, &broken, 2).unwrap_err();
+    assert!(
+        matches!(&err, FrameError::TaskFailed { message, .. } if message.contains("127.0.0.1:1")),
+        "{err}"
+    );
+    assert_eq!(
+        available(&cluster),
+        free_before,
+        "a failed query left memory allocated"
+    );
+    // A malformed spec is refused by the task process, naming the task.
+    let spec = scad_remote_frame::TaskSpec {
+        sql: "SELECT 1".into(),
+        stage: 0,
+        task: 0,
+        budget: None,
+        partitions: 1,
+        chunk_rows: 4096,
+        tables: Default::default(),
+        inputs: Default::default(),
+        region: Default::default(),
+    };
+    let err = runner.run(&spec).unwrap_err();
+    assert!(err.to_string().contains("stage 0 task 0"), "{err}");
+    assert!(
+        err.to_string().contains("leaves out memory element"),
+        "{err}"
+    );
+    tables.free(&cluster).unwrap();
 }

@@ -54,9 +54,9 @@ pub struct TaskSpec {
     pub tables: BTreeMap<String, String>,
     /// Input stage → for each of its partitions, frame metadata JSON.
     pub inputs: BTreeMap<usize, Vec<Vec<String>>>,
-    /// The allocators of the task's slot, one per memory element (None: allocate
-    /// from the worker's registry as it is).
-    pub region: Option<AllocationState>,
+    /// The allocators of the task's slot, one per memory element: the task
+    /// allocates nowhere else.
+    pub region: AllocationState,
 }
 
 /// What a task wrote and did.
@@ -81,6 +81,10 @@ pub struct TaskOutput {
     pub peak_local_bytes: u64,
     /// Spill files it wrote.
     pub spill_files: u64,
+    /// Bytes it spilled to memory elements.
+    pub spill_bytes_written: u64,
+    /// Bytes of spill files it read back.
+    pub spill_bytes_read: u64,
 }
 
 /// Runs tasks somewhere: in threads of this process, child processes, a cluster.
@@ -98,13 +102,27 @@ pub trait TaskRunner: Sync {
 /// confined to the spec's slot).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a malformed spec; frame, allocation and query errors
-/// of the task.
+/// [`Error::InvalidArgument`] for a malformed spec (no chunk rows, a slot that leaves
+/// out one of the registry's elements); frame, allocation and query errors of the
+/// task.
 pub fn run_task(elements: Arc<MemoryElements>, spec: &TaskSpec) -> Result<TaskOutput> {
     let start = Instant::now();
-    if let Some(region) = &spec.region {
-        elements.resume_allocation(region)?;
+    if spec.chunk_rows == 0 {
+        return Err(Error::InvalidArgument(
+            "a task spec needs chunk_rows of at least 1".into(),
+        ));
     }
+    // An element left out would allocate from its start, over the tables.
+    if let Some(missing) = elements
+        .names()
+        .into_iter()
+        .find(|n| !spec.region.allocators.iter().any(|a| a.element() == n))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "the task's memory slot leaves out memory element {missing:?}"
+        )));
+    }
+    elements.resume_allocation(&spec.region)?;
     let budget = match spec.budget {
         Some(b) => Budget::bytes(b)?,
         None => Budget::Unlimited,
@@ -148,6 +166,8 @@ pub fn run_task(elements: Arc<MemoryElements>, spec: &TaskSpec) -> Result<TaskOu
         scan_bytes: out.stats.scan_bytes,
         peak_local_bytes: out.stats.peak_local_bytes,
         spill_files: out.stats.spill_files,
+        spill_bytes_written: out.stats.spill_bytes_written,
+        spill_bytes_read: out.stats.spill_bytes_read,
     })
 }
 
@@ -423,7 +443,7 @@ impl DistributedQuery {
                 .iter()
                 .map(|i| (*i, self.outputs.get(i).cloned().unwrap_or_default()))
                 .collect(),
-            region: Some(self.region.slot(self.first_slot[stage] + task)?),
+            region: self.region.slot(self.first_slot[stage] + task)?,
         };
         self.running += 1;
         Ok(Some(spec))

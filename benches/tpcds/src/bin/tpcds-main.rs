@@ -17,31 +17,20 @@
 //! cargo run --release -p scad-tpcds --bin tpcds-main -- --sf 0.1 --stage-processes
 //! ```
 //!
-//! With `--stage-processes` every stage of a query's plan (see
-//! [`scad_remote_frame::QuerySession::stages`]) runs as its own process (this binary's
-//! `stage run`), against the same memory servers over tcp, handing its output on
-//! through memory elements. The `stage` subcommands do the same by hand against
-//! running `memory_server` processes:
-//!
-//! ```text
-//! memory_server 7000 & memory_server 7001 &
-//! S=127.0.0.1:7000,127.0.0.1:7001 D=data/tpcds/sf0.01
-//! tpcds-main stage load   --servers $S --data $D --dir run/
-//! tpcds-main stage plan   --servers $S --data $D --dir run/ --query q1 --budget 4M
-//! tpcds-main stage run    --servers $S --data $D --dir run/ --query q1 --budget 4M --stage 0
-//! ...                                               (every stage, in order)
-//! tpcds-main stage result --servers $S --data $D --dir run/ --query q1 --budget 4M
-//! ```
+//! With `--stage-processes` each query runs distributed
+//! ([`scad_remote_frame::QuerySession::run_distributed`]): every task of every stage of
+//! its plan is a process of its own (this binary's `stage task`, the task's spec on
+//! stdin, its output on stdout), at most `--workers` at once, against the same memory
+//! servers over tcp, handing outputs on through memory elements.
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use scad_remote_frame::Budget;
-use scad_tpcds::compare::compare_values;
-use scad_tpcds::data::{generate, DataSet, GenerateOptions};
+use scad_tpcds::data::{generate, GenerateOptions};
 use scad_tpcds::engine::{official_queries, parse_queries, query_number, run_query, session};
 use scad_tpcds::regress::{
     compare_runs, comparison_table, read_results, QueryResult, SLOWER_RATIO, SLOWER_SECS,
@@ -50,9 +39,7 @@ use scad_tpcds::remote::{
     duckdb_timings, load_tables, Cluster, DuckDbTiming, RedisServer, TransportKind,
 };
 use scad_tpcds::report::{fmt_budget, fmt_bytes, fmt_secs, parse_budget};
-use scad_tpcds::stages::{
-    load_run_dir, read_answer, read_tables, run_query_in_processes, run_stage_here, StageCommand,
-};
+use scad_tpcds::stages::{run_query_distributed, run_task_here, ProcessRunner};
 use serde_json::json;
 
 /// Command-line options.
@@ -113,138 +100,46 @@ struct Args {
     /// more than 1.5x and 0.2 s slower, or no longer equals DuckDB.
     #[arg(long)]
     compare: Option<PathBuf>,
-    /// Run every stage of a query's plan as its own process (tcp only).
+    /// Run each query distributed: every task of its stages as a process of its own
+    /// (tcp only).
     #[arg(long)]
     stage_processes: bool,
+    /// With --stage-processes: task processes running at once.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
     /// Print each query's physical plan (EXPLAIN) instead of running it.
     #[arg(long)]
     explain: bool,
 }
 
-/// Where a stage process finds its memory servers, data and run directory.
-#[derive(Debug, clap::Args)]
-struct StageTarget {
-    /// Memory servers, HOST:PORT,... (element memI = the I-th, as for `load`).
-    #[arg(long, value_delimiter = ',', required = true)]
-    servers: Vec<String>,
-    /// The generated data set directory (with manifest.json and the query texts).
-    #[arg(long)]
-    data: PathBuf,
-    /// Run directory for the handoff files.
-    #[arg(long)]
-    dir: PathBuf,
-    /// Rows per stored chunk of what this process writes.
-    #[arg(long, default_value_t = 8192)]
-    chunk_rows: usize,
-}
-
-/// The query and budget of a stage command.
-#[derive(Debug, clap::Args)]
-struct StageQuery {
-    /// Query (1..99 or q1..q99).
-    #[arg(long)]
-    query: String,
-    /// Local memory budget of every stage: bytes (64M) or a percentage of the largest
-    /// table (25%). Every process of a query must use the same.
-    #[arg(long, default_value = "25%")]
-    budget: String,
-}
-
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Stage-per-process commands.
+    /// Task process commands.
     #[command(subcommand)]
     Stage(StageCommandArgs),
 }
 
 #[derive(Debug, Subcommand)]
 enum StageCommandArgs {
-    /// Load every table into the memory servers; writes DIR/tables.json.
-    Load(StageTarget),
-    /// Print a query's stages (JSON).
-    Plan {
-        #[command(flatten)]
-        target: StageTarget,
-        #[command(flatten)]
-        query: StageQuery,
+    /// Run one task of a distributed query: its spec (JSON) on stdin, its output
+    /// (JSON) on stdout.
+    Task {
+        /// Memory servers, HOST:PORT,... (element memI = the I-th, as the driver's).
+        #[arg(long, value_delimiter = ',', required = true)]
+        servers: Vec<String>,
     },
-    /// Run one stage; writes DIR/<query>/stage-<K>.json and prints its report (JSON).
-    Run {
-        #[command(flatten)]
-        target: StageTarget,
-        #[command(flatten)]
-        query: StageQuery,
-        /// Stage number.
-        #[arg(long)]
-        stage: usize,
-    },
-    /// Print the answer (the last stage's output) and compare it with DuckDB's.
-    Result {
-        #[command(flatten)]
-        target: StageTarget,
-        #[command(flatten)]
-        query: StageQuery,
-    },
-}
-
-/// The cluster, data set and run directory of a stage command.
-fn open_target(t: &StageTarget) -> Result<(Cluster, DataSet)> {
-    if t.chunk_rows == 0 {
-        bail!("--chunk-rows must be at least 1");
-    }
-    let mut cluster = Cluster::connect_tcp(&t.servers)?;
-    cluster.set_chunk_rows(t.chunk_rows);
-    Ok((cluster, DataSet::open(&t.data)?))
-}
-
-/// The query name and budget in bytes of a stage command.
-fn stage_query(q: &StageQuery, dir: &Path) -> Result<(String, u64)> {
-    let query = parse_queries(&[&q.query])?.remove(0);
-    let largest = read_tables(dir)?.largest_bytes();
-    Ok((query, parse_budget(&q.budget, largest)?))
 }
 
 fn stage_command(command: StageCommandArgs) -> Result<()> {
     match command {
-        StageCommandArgs::Load(target) => {
-            let (cluster, set) = open_target(&target)?;
-            let tables = load_run_dir(&cluster, &set, &target.dir)?;
-            println!(
-                "{}",
-                json!({"tables": tables.tables.len(), "bytes": tables.total_bytes(), "largest_bytes": tables.largest_bytes(), "load_s": tables.load_secs})
-            );
-        }
-        StageCommandArgs::Plan { target, query } => {
-            let (cluster, set) = open_target(&target)?;
-            let (q, budget) = stage_query(&query, &target.dir)?;
-            let env = cluster.env().with_budget(Budget::bytes(budget)?);
-            let s = session(&env, &read_tables(&target.dir)?.open(&cluster)?)?;
-            let plan = s.stages(&scad_tpcds::engine::query_sql(&set, &q)?)?;
-            println!("{}", serde_json::to_string_pretty(&plan)?);
-        }
-        StageCommandArgs::Run {
-            target,
-            query,
-            stage,
-        } => {
-            let (cluster, set) = open_target(&target)?;
-            let (q, budget) = stage_query(&query, &target.dir)?;
-            let report = run_stage_here(&cluster, &set, &target.dir, &q, stage, budget)?;
-            println!("{}", serde_json::to_string(&report)?);
-        }
-        StageCommandArgs::Result { target, query } => {
-            let (cluster, set) = open_target(&target)?;
-            let (q, budget) = stage_query(&query, &target.dir)?;
-            let env = cluster.env().with_budget(Budget::bytes(budget)?);
-            let s = session(&env, &read_tables(&target.dir)?.open(&cluster)?)?;
-            let plan = s.stages(&scad_tpcds::engine::query_sql(&set, &q)?)?;
-            let df = read_answer(&cluster, &target.dir, &q, &plan)?;
-            println!(
-                "{}",
-                datafusion::arrow::util::pretty::pretty_format_batches(std::slice::from_ref(&df))?
-            );
-            compare_values(&df, &set.reference(&q)?, plan.ordered)?;
-            println!("{q}: equals DuckDB's answer");
+        StageCommandArgs::Task { servers } => {
+            let mut spec = String::new();
+            std::io::stdin()
+                .read_to_string(&mut spec)
+                .context("reading the task spec from stdin")?;
+            let output = run_task_here(&servers, &spec)?;
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "{output}")?;
         }
     }
     Ok(())
@@ -264,6 +159,9 @@ fn main() -> Result<()> {
     }
     if args.chunk_rows == 0 {
         bail!("--chunk-rows must be at least 1");
+    }
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
     }
     if args.stage_processes && args.transport != TransportKind::Tcp {
         bail!(
@@ -334,13 +232,7 @@ fn main() -> Result<()> {
         .with_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")?);
     spinner.enable_steady_tick(std::time::Duration::from_millis(200));
     spinner.set_message("loading the tables into memory elements");
-    // Stage processes find the tables (and hand their outputs on) in a run directory.
-    let run_dir = std::env::temp_dir().join(format!("tpcds-stages-{}", std::process::id()));
-    let tables = if args.stage_processes {
-        load_run_dir(&cluster, &set, &run_dir)?
-    } else {
-        load_tables(&cluster, &set, None)?
-    };
+    let tables = load_tables(&cluster, &set, None)?;
     spinner.finish_and_clear();
     let largest = tables.largest_bytes();
     let budget = parse_budget(&args.budget, largest)?;
@@ -352,7 +244,7 @@ fn main() -> Result<()> {
         fmt_bytes(largest),
         fmt_bytes(budget),
         if args.stage_processes {
-            "stage process"
+            "task process"
         } else {
             "query"
         }
@@ -364,21 +256,13 @@ fn main() -> Result<()> {
     } else {
         args.servers.clone()
     };
-    let stage_command = StageCommand {
-        program: std::env::current_exe().context("locating this binary for the stage processes")?,
+    let runner = ProcessRunner {
+        program: std::env::current_exe().context("locating this binary for the task processes")?,
         args: vec![
             "stage".into(),
-            "run".into(),
+            "task".into(),
             "--servers".into(),
             servers.join(","),
-            "--data".into(),
-            set.root.display().to_string(),
-            "--dir".into(),
-            run_dir.display().to_string(),
-            "--chunk-rows".into(),
-            args.chunk_rows.to_string(),
-            "--budget".into(),
-            budget.to_string(),
         ],
     };
 
@@ -400,7 +284,7 @@ fn main() -> Result<()> {
     for q in &queries {
         bar.set_message(q.clone());
         let run = if args.stage_processes {
-            run_query_in_processes(&cluster, &set, &run_dir, q, budget, &stage_command)?.0
+            run_query_distributed(&session, &set, q, &runner, args.workers)?.0
         } else {
             run_query(&session, &set, q)?
         };
@@ -441,9 +325,6 @@ fn main() -> Result<()> {
     bar.finish_and_clear();
     drop(session);
     tables.free(&cluster)?;
-    if args.stage_processes {
-        let _ = std::fs::remove_dir_all(&run_dir);
-    }
 
     let duck: Vec<DuckDbTiming> = if args.duckdb_repeats > 0 {
         let spinner = ProgressBar::new_spinner()
