@@ -107,20 +107,3 @@ impl Handoff {
         }
     }
 }
-
-/// Allocation past handed-on frames: here rather than in `cluster.rs`, so that the
-/// cluster does not depend on handoffs (handoffs depend on the cluster).
-impl Cluster {
-    /// Moves every element's allocator past the frames (and their seals) of
-    /// `handoffs`, so that a stage running in a new process does not allocate over
-    /// frames other stages wrote (it knows them only by their handoffs).
-    ///
-    /// # Errors
-    /// [`RemoteError::Frame`] for an element the cluster lacks or a range beyond it.
-    pub fn reserve_past(&self, handoffs: &[&Handoff]) -> Result<(), RemoteError> {
-        let metas: Vec<&FrameMeta> = handoffs.iter().map(|h| &h.frame).collect();
-        self.env()
-            .reserve_frames(&metas)
-            .frame_ctx(|| "resuming allocation past the handed-on frames".into())
-    }
-}
