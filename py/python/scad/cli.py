@@ -115,7 +115,9 @@ def scad_main(argv: Optional[List[str]] = None) -> int:
     qd.add_argument("outdir")
     qd.add_argument("--sql", required=True, help="file with the query")
     qd.add_argument("--table", action="append", default=[], metavar="NAME=PARQUET", help="a table (repeatable)")
-    qd.add_argument("--budget", default=None, help="local memory of every stage (e.g. 64M)")
+    qd.add_argument("--budget", default=None, help="local memory of every task (e.g. 64M)")
+    qd.add_argument("--partitions", type=int, default=2,
+                    help="partitions plans use: a stage runs as up to that many parallel tasks (default 2)")
     qd.add_argument("--memory", default="1G", help="size of the memory element (default 1G)")
     for name in passthrough:
         sub.add_parser(name, help=f"same as the {name} command", add_help=False)
@@ -168,12 +170,12 @@ def _query_dag(args: argparse.Namespace) -> int:
             sql = f.read()
         budget = None if args.budget is None else parse_size(args.budget)
         plan = write_stage_dag(sql, tables, args.outdir, budget=budget,
-                               memory_mb=max(1, parse_size(args.memory) >> 20))
+                               memory_mb=max(1, parse_size(args.memory) >> 20), partitions=args.partitions)
     except (OSError, ValueError, ScadError) as e:
         print(f"scad query-dag: {e}", file=sys.stderr)
         return 2
     for s in plan["stages"]:
-        print(f"stage_{s['id']}: reads {s['inputs']}: {s['operator']}")
+        print(f"stage_{s['id']}: {s['tasks']} task(s), reads {s['inputs']}: {s['operator']}")
     print(f"wrote {args.outdir}: run it with `scad run {args.outdir}`")
     return 0
 
