@@ -281,11 +281,16 @@ fn main() -> Result<()> {
         "{bar:30} {pos}/{len} queries, running {msg} [{elapsed}]",
     )?);
     let mut runs = Vec::with_capacity(queries.len());
+    // Tasks each query ran as (distributed runs only).
+    let mut task_counts = Vec::with_capacity(queries.len());
     for q in &queries {
         bar.set_message(q.clone());
         let run = if args.stage_processes {
-            run_query_distributed(&session, &set, q, &runner, args.workers)?.0
+            let (run, tasks) = run_query_distributed(&session, &set, q, &runner, args.workers)?;
+            task_counts.push(Some(tasks.len()));
+            run
         } else {
+            task_counts.push(None);
             run_query(&session, &set, q)?
         };
         let line = match (&run.stats, &run.error) {
@@ -386,7 +391,7 @@ fn main() -> Result<()> {
     if let Some(path) = &args.json {
         let mut out =
             std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        for r in &runs {
+        for (r, tasks) in runs.iter().zip(&task_counts) {
             let s = r.stats.unwrap_or_default();
             let line = json!({
                 "query": query_number(&r.query)?,
@@ -394,6 +399,8 @@ fn main() -> Result<()> {
                 "sf": args.sf,
                 "transport": args.transport.to_string(),
                 "stage_processes": args.stage_processes,
+                "workers": args.stage_processes.then_some(args.workers),
+                "tasks": tasks,
                 "equal": r.equal(),
                 "error": r.error,
                 "secs": r.secs,
