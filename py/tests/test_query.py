@@ -353,6 +353,10 @@ def test_a_query_run_task_by_task_through_specs_equals_the_query(env, tables, bi
     assert failing.next_task() is None and failing.is_over
     with pytest.raises(scad.ScadError, match=f"stage {spec['stage']} task {spec['task']} failed: worker lost"):
         failing.finish()
+    with pytest.raises(ValueError, match="task must be a number from 0"):
+        session.run_stage_task(JOIN_GROUP_BY, 0, -1)
+    with pytest.raises(ValueError, match="stage must be a number from 0"):
+        session.run_stage(JOIN_GROUP_BY, True)
     with pytest.raises(ValueError, match="task output"):
         _native.DistributedQuery(session._raw, JOIN_GROUP_BY).task_done("{}", 0.0)
     assert json.loads(env.store.allocation_state()) == free_before

@@ -948,6 +948,31 @@ fn a_task_spec_with_a_freed_input_or_a_wrong_task_is_refused() {
         err.to_string().contains(&format!("task {}", reader.tasks)),
         "{err}"
     );
+    // A slot that leaves out an element (it would allocate over the tables there), no
+    // chunk rows, an input of a stage the task does not read, or a frame listed twice:
+    // refused before anything runs.
+    let mut wrong = spec.clone();
+    wrong.region.allocators.pop();
+    let err = scad_remote_frame::run_task(elements(), &wrong).unwrap_err();
+    assert!(
+        err.to_string().contains("leaves out memory element"),
+        "{err}"
+    );
+    let mut wrong = spec.clone();
+    wrong.chunk_rows = 0;
+    let err = scad_remote_frame::run_task(elements(), &wrong).unwrap_err();
+    assert!(err.to_string().contains("chunk_rows"), "{err}");
+    let mut wrong = spec.clone();
+    wrong.inputs.insert(99, Vec::new());
+    let err = scad_remote_frame::run_task(elements(), &wrong).unwrap_err();
+    assert!(err.to_string().contains("not stage 99"), "{err}");
+    let mut wrong = spec.clone();
+    let parts = wrong.inputs.get_mut(&first.id).unwrap();
+    let q = parts.iter().position(|p| !p.is_empty()).unwrap();
+    let again = parts[q][0].clone();
+    parts[q].push(again);
+    let err = scad_remote_frame::run_task(elements(), &wrong).unwrap_err();
+    assert!(err.to_string().contains("twice"), "{err}");
     out.free().unwrap();
     let err = scad_remote_frame::run_task(elements(), &spec).unwrap_err();
     assert!(

@@ -177,7 +177,7 @@ class QuerySession:
         process or another) and writes its output to memory elements. Returns the
         output in the same shape (:meth:`scad.RemoteFrame.from_meta` opens a frame)
         and what the stage did."""
-        outputs, stats = self._raw.run_stage(_text(query), int(stage), _stage_inputs(inputs))
+        outputs, stats = self._raw.run_stage(_text(query), _index("stage", stage), _stage_inputs(inputs))
         return [list(p) for p in outputs], dict(stats)
 
     def run_stage_task(self, query: str, stage: int, task: int,
@@ -187,15 +187,22 @@ class QuerySession:
         wrote for each partition of the stage's output, and what it did. The stage's
         output is its tasks' outputs concatenated partition by partition, in task
         order."""
-        outputs, stats = self._raw.run_stage_task(_text(query), int(stage), int(task), _stage_inputs(inputs))
+        outputs, stats = self._raw.run_stage_task(_text(query), _index("stage", stage), _index("task", task),
+                                                  _stage_inputs(inputs))
         return [list(p) for p in outputs], dict(stats)
 
     def __repr__(self) -> str:
         return f"QuerySession(budget={self.env.budget}, tables={self.tables})"
 
 
+def _index(what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a number from 0, got {value!r}")
+    return value
+
+
 def _stage_inputs(inputs: Optional[Dict[int, List[List[str]]]]) -> Dict[int, List[List[str]]]:
-    return {int(k): [list(p) for p in v] for k, v in (inputs or {}).items()}
+    return {_index("an input stage", k): [list(p) for p in v] for k, v in (inputs or {}).items()}
 
 
 def _text(query: Any) -> str:

@@ -435,6 +435,12 @@ impl QuerySession {
             .enumerate()
             .map(|(id, c)| (node_key(&c.plan), id))
             .collect();
+        let wanted = &cuts[stage].inputs;
+        if let Some(extra) = inputs.keys().find(|i| !wanted.contains(i)) {
+            return Err(Error::InvalidArgument(format!(
+                "stage {stage} reads stages {wanted:?}, not stage {extra}"
+            )));
+        }
         let batch_rows = self.ctx.state().config().batch_size();
         let plan = replace_inputs(&top, &ids, inputs, batch_rows)?;
         let written = self.write_tasks(&plan, shape, &tasks);
@@ -747,6 +753,18 @@ impl StageInputExec {
             )));
         }
         let stored = StorageSchema::new(&schema).schema;
+        // A frame listed twice would be read twice.
+        let mut seen = std::collections::HashSet::new();
+        for f in frames.iter().flatten() {
+            if let Some(seal) = &f.meta().seal {
+                if !seen.insert((seal.element.as_str(), seal.addr)) {
+                    return Err(Error::InvalidArgument(format!(
+                        "stage {stage}'s output lists frame {} twice",
+                        f.label()
+                    )));
+                }
+            }
+        }
         for (k, f) in frames.iter().flatten().enumerate() {
             if f.meta().schema.len() != stored.fields().len() {
                 return Err(Error::InvalidArgument(format!(
