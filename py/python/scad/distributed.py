@@ -77,7 +77,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _native
-from .ray_runner import NAMESPACE, MemoryElement, _cause, _ray, _stop
+from .ray_support import NAMESPACE, MemoryElement, _cause, _ray, _stop
 from .stages import _NAME
 
 __all__ = ["DistributedSession", "DistributedResult", "DistributedQueryError"]

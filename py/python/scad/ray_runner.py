@@ -31,57 +31,16 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import disagg
 
-from . import _native
 from .dag import Dag, Element, load_dag, parse_element
+from .ray_support import NAMESPACE, MemoryElement, RayUnavailableError, _cause, _ray, _stop
 from .runner import DagRunError, ElementReport, RunReport, call_element, parent_params, write_outputs
 
 __all__ = ["RayUnavailableError", "run_dag_ray", "memory_actor_name"]
-
-INSTALL_HINT = "pip install 'scad[ray]' (or pip install 'ray>=2.40,<3')"
-
-#: Ray namespace of the memory element actors (``ray.get_actor(name, namespace=NAMESPACE)``).
-NAMESPACE = "scad"
-
-
-class RayUnavailableError(RuntimeError):
-    """Ray is not installed in this Python environment."""
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise RayUnavailableError(f"--ray needs Ray: {INSTALL_HINT}") from None
-    return ray
-
 
 def memory_actor_name(run_id: str, element: str) -> str:
     """Name of memory element ``element``'s actor in run ``run_id`` (an element sees
     its run's id in ``$SCAD_RUN_ID``)."""
     return f"{run_id}/{element}"
-
-
-class MemoryElement:
-    """A memory element as a Ray actor: a memory server on the actor's node,
-    protected by ``token``."""
-
-    def __init__(self, size: int, token: str):
-        import ray
-
-        self._host = ray.util.get_node_ip_address()
-        self._server = _native.MemoryServer(size, f"{self._host}:0", token)
-
-    def address(self) -> Dict[str, Any]:
-        """Where the server listens: ``host``, ``port`` and ``url``."""
-        return {"host": self._host, "port": self._server.port, "url": self._server.url}
-
-    def stats(self) -> Dict[str, int]:
-        """Bytes read and written by clients so far."""
-        return self._server.stats()
-
-    def shutdown(self) -> None:
-        """Stops the server (the actor is killed after)."""
-        self._server.shutdown()
 
 
 def _durl_fields(address: Dict[str, Any], token: str) -> str:
@@ -121,16 +80,6 @@ class RayRuntime(disagg.LocalRuntime):
             handle.shutdown()
             raise
         return handle, _durl_fields(address, self._token)
-
-
-def _stop(ray, actor) -> None:
-    """Stops a memory element: its server first (so its port is closed when this
-    returns), then the actor."""
-    try:
-        ray.get(actor.shutdown.remote(), timeout=10)
-    except Exception:  # dead already, or hung: the kill below ends it either way
-        pass
-    ray.kill(actor, no_restart=True)
 
 
 class _ActorHandle:
@@ -388,12 +337,3 @@ def _wait_all(ray, dag: Dag, instances: Dict[str, List[Any]], owner: Dict[Any, T
         if log is not None:
             log(f"[{name}{'' if i is None else '@' + str(i)}] done on {value['node']} in "
                 f"{value['stats']['seconds']:.3f} s")
-
-
-def _cause(exc: BaseException) -> str:
-    """The element's own error inside Ray's wrapper (``RayTaskError.cause``)."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        return f"{type(cause).__name__}: {cause}"
-    text = str(exc).strip().splitlines()
-    return text[-1] if text else type(exc).__name__
