@@ -45,11 +45,18 @@ impl PyDistributedQuery {
 #[pymethods]
 impl PyDistributedQuery {
     /// Plans `query` in `session` (its tables, budget and partitions) and reserves
-    /// memory for its tasks.
+    /// memory for its tasks: a slot of `slot_bytes` per task in every memory element
+    /// (None: the free space above the session's allocations, shared out).
     #[new]
-    fn new(py: Python<'_>, session: &PyQuerySession, query: &str) -> PyResult<Self> {
+    #[pyo3(signature = (session, query, slot_bytes=None))]
+    fn new(
+        py: Python<'_>,
+        session: &PyQuerySession,
+        query: &str,
+        slot_bytes: Option<u64>,
+    ) -> PyResult<Self> {
         let q = detach(py, || {
-            DistributedQuery::new(&session.inner, query).map_err(frame_err)
+            DistributedQuery::new(&session.inner, query, slot_bytes).map_err(frame_err)
         })?;
         Ok(PyDistributedQuery {
             inner: Mutex::new(Some(q)),
@@ -61,13 +68,17 @@ impl PyDistributedQuery {
         self.with(|q| serde_json::to_string(q.plan()).map_err(|e| json_err("the stage plan", e)))
     }
 
-    /// The spec of a task ready to run, as JSON (it counts as running from now on),
-    /// or None while none is ready or after a failure.
-    fn next_task(&self) -> PyResult<Option<String>> {
+    /// A task ready to run: its stage, its number and its spec as JSON (it counts as
+    /// running from now on); None while none is ready or after a failure.
+    fn next_task(&self) -> PyResult<Option<(usize, usize, String)>> {
         self.with(|q| {
             q.next_task()
                 .map_err(frame_err)?
-                .map(|spec| serde_json::to_string(&spec).map_err(|e| json_err("a task spec", e)))
+                .map(|spec| {
+                    serde_json::to_string(&spec)
+                        .map(|json| (spec.stage, spec.task, json))
+                        .map_err(|e| json_err("a task spec", e))
+                })
                 .transpose()
         })
     }

@@ -330,8 +330,10 @@ def test_a_query_run_task_by_task_through_specs_equals_the_query(env, tables, bi
     assert any(s["tasks"] == 3 for s in plan["stages"])
     ran = 0
     while not query.is_over:
-        spec = query.next_task()
-        assert spec is not None, "no task ready while none runs"
+        ready = query.next_task()
+        assert ready is not None, "no task ready while none runs"
+        stage, task, spec = ready
+        assert (json.loads(spec)["stage"], json.loads(spec)["task"]) == (stage, task)
         started = query.clock()
         worker = scad.Store({"mem0": big_server.url}, pool_bytes=4 << 20)
         out = _native.run_task(worker._store, spec)
@@ -348,7 +350,7 @@ def test_a_query_run_task_by_task_through_specs_equals_the_query(env, tables, bi
         query.next_task()
 
     failing = _native.DistributedQuery(session._raw, JOIN_GROUP_BY)
-    spec = json.loads(failing.next_task())
+    spec = json.loads(failing.next_task()[2])
     failing.task_failed(spec["stage"], spec["task"], "worker lost")
     assert failing.next_task() is None and failing.is_over
     with pytest.raises(scad.ScadError, match=f"stage {spec['stage']} task {spec['task']} failed: worker lost"):

@@ -30,38 +30,36 @@ What runs where:
   process planning the same SQL over the same tables finds the same stages, so no plan
   is shipped).
 * **Tasks**: one Ray task per (stage, task) (``num_cpus=1``, ``memory`` = the budget
-  when one is set, ``max_retries=0``, ``SPREAD``, named ``QUERY/stageS/taskT``). All
-  tasks of a query are submitted at once, in stage order; a task takes the
-  ``ObjectRef`` of every task of its input stages as arguments, so Ray starts it when
-  its inputs are written, and independent stages run at the same time. A task connects
-  to the memory elements, opens the tables from their metadata, plans the query, runs
-  its share of its stage (``QuerySession.run_stage_task``) from its inputs' frames and
-  returns the metadata of what it wrote. Only metadata passes through Ray; data goes
-  between tasks and memory elements.
+  when one is set, ``max_retries=0``, ``SPREAD``, named ``QUERY/stageS/taskT``). The
+  driver is the engine's own (``_native.DistributedQuery``, the same that
+  ``QuerySession::run_distributed`` drives in Rust): it hands out the spec of every
+  task whose input stages are done — so independent stages run at the same time — and
+  takes each task's output back. A task (``_native.run_task``) connects to the memory
+  elements, opens the tables and its inputs from their metadata, plans the query, runs
+  its share of its stage and returns the metadata of what it wrote. Only metadata
+  passes through Ray; data goes between tasks and memory elements.
 
-Allocation without coordination, by **per-task regions**: above the tables, the
-address space of every memory element is cut into fixed slots of ``region_bytes``.
-The driver hands each task of a query one slot (the same address range in every
-element) and the task confines its allocator to it (``Store.resume_allocation``), so
-its outputs and spill files land only there. Why:
+Allocation without coordination, by **per-task slots**: the driver's
+``DistributedQuery`` reserves one slot of ``region_bytes`` per task of the query in
+every memory element, above the tables, and a task's spec confines its allocators to
+its slot, so its outputs and spill files land only there. Why:
 
 * no allocator round trip per allocation: tasks allocate locally, in parallel, and
   RDMA stays one-sided (a memory server never decides anything);
-* nothing can leak: a slot stays taken until its query ends (consumers read the outputs
-  in it), then every slot of the query returns to the driver, whatever the query's
-  fate; a task that died, or was killed, with half its output written, loses nothing
-  that a later query could not reuse.
+* nothing can leak: the reservation lives until the query ends (consumers read the
+  outputs in it), then goes back whole, whatever the query's fate; a task that died,
+  or was killed, with half its output written, loses nothing a later query could not
+  reuse.
 
-A query needing more slots than exist is refused before anything runs (raise
+A query needing more slots than are free is refused before anything runs (raise
 ``element_bytes`` or lower ``region_bytes``); a task that writes more than its slot
-(``region_bytes`` in each element) fails with the allocator's out-of-memory error.
-Slots are reused lowest first, so the memory a server has touched stays bounded by the
-largest query.
+fails with the allocator's out-of-memory error.
 
 Failures: the driver waits on the tasks with ``ray.wait``; on the first failure (the
 task's own error, its worker or node dying, or no task finishing for ``task_timeout``
-seconds) it force-cancels every other task of the query, waits for them to stop
-(``cancel_grace``), returns the query's slots and raises :class:`DistributedQueryError`
+seconds) it starts no other task, force-cancels the running ones, waits for them to stop
+(``cancel_grace``; a query whose cancelled tasks do not stop keeps its slots until they
+do), frees the query's slots and raises :class:`DistributedQueryError`
 naming the stage, the task and the error. The session stays usable (unless a memory
 element died: then its tables are gone and the session says so). :meth:`close` stops
 the actors; nothing is left running.
@@ -74,7 +72,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
 from .ray_support import NAMESPACE, MemoryElement, _cause, _ray, _stop
@@ -169,48 +167,19 @@ def _durl(name: str, url: str, token: str) -> str:
     return f"{name};rdma_tcp;url,{url};token,{token};"
 
 
-def _region(elements: Sequence[str], lo: int, hi: int) -> str:
-    """The allocation state (``Store.allocation_state`` format) confining every
-    element's allocator to ``[lo, hi)``."""
-    return json.dumps({"allocators": [{"element": e, "start": lo, "end": hi, "align": ALIGN, "next": lo,
-                                       "free": []} for e in elements]})
-
-
-def _stage_task(ctx: Dict[str, Any], sql: str, stage: int, task: int, layout: List[Tuple[int, int, int]],
-                region: str, *results: Dict[str, Any]) -> Dict[str, Any]:
-    """Task ``task`` of stage ``stage``, in a Ray worker. ``ctx``: the memory
-    elements' durls, the tables' metadata, budget, chunk rows, partitions, pool size;
-    ``layout``: (input stage, its task count, its partitions) per input stage, whose
-    tasks' results follow in ``results`` in that order; ``region``: the allocation
-    state of this task's slot."""
+def _stage_task(ctx: Dict[str, Any], spec: str) -> Dict[str, Any]:
+    """One task of a query in a Ray worker: ``spec`` from ``DistributedQuery.next_task``,
+    run over a store of its own (a page pool must not keep pages of a slot an earlier
+    query wrote); ``ctx``: the memory elements' durls and the pool size."""
     import ray
 
     from .array import Store
-    from .frame import FrameEnv, RemoteFrame
-    from .query import QuerySession
 
     start = time.time()
-    store = Store({name: durl for name, durl in ctx["elements"].items()}, pool_bytes=ctx["pool_bytes"])
-    store.resume_allocation(region)
-    env = FrameEnv(store, budget=ctx["budget"], chunk_rows=ctx["chunk_rows"])
-    tables = {name: RemoteFrame.from_meta(env, meta) for name, meta in ctx["tables"].items()}
-    session = QuerySession(env, partitions=ctx["partitions"], **tables)
-    inputs: Dict[int, List[List[str]]] = {}
-    it = iter(results)
-    for s, count, partitions in layout:
-        parts: List[List[str]] = [[] for _ in range(partitions)]
-        for _ in range(count):
-            out = next(it)["outputs"]
-            if len(out) != partitions:
-                raise DistributedQueryError(f"stage {s} wrote {len(out)} partitions, {partitions} expected")
-            for q, metas in enumerate(out):
-                parts[q].extend(metas)
-        inputs[s] = parts
-    outputs, stats = session.run_stage_task(sql, stage, task, inputs)
-    store.flush()
-    return {"stage": stage, "task": task, "outputs": [list(m) for m in outputs], "stats": dict(stats),
-            "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "start": start,
-            "end": time.time()}
+    store = Store(dict(ctx["elements"]), pool_bytes=ctx["pool_bytes"])
+    output = _native.run_task(store._store, spec)
+    return {"output": output, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+            "start": start, "end": time.time()}
 
 
 def _positive(name: str, value: Any) -> int:
@@ -296,7 +265,11 @@ class DistributedSession:
         self._closed = False
         self._broken: Optional[str] = None
         self._queries = 0
-        self._draining: Dict[Any, int] = {}  # ref of a cancelled task still running -> its slot
+        # Slots held per query (running, or failed with cancelled tasks still running).
+        self._held: Dict[str, int] = {}
+        # A failed query whose cancelled tasks have not stopped: its refs and its
+        # DistributedQuery (which holds the slots until dropped).
+        self._draining: Dict[str, Tuple[List[Any], Any]] = {}
         ray = self._ray = _ray()
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
@@ -361,15 +334,12 @@ class DistributedSession:
         self.tables = frames
         self._session = QuerySession(self.env, partitions=self.partitions, **frames)
         top = max(a["next"] for a in json.loads(self.store.allocation_state())["allocators"])
-        self._base = -(-top // SLOT_ALIGN) * SLOT_ALIGN
-        self.slots = (self.element_bytes - self._base) // self.region_bytes
+        base = -(-top // SLOT_ALIGN) * SLOT_ALIGN
+        self.slots = (self.element_bytes - base) // self.region_bytes
         if self.slots < 1:
-            raise ValueError(f"the tables take {self._base} bytes of each memory element's {self.element_bytes}: "
+            raise ValueError(f"the tables take {base} bytes of each memory element's {self.element_bytes}: "
                              f"no room for a {self.region_bytes}-byte region; raise element_bytes")
-        self._free = list(range(self.slots))  # sorted: the lowest slots are handed out first
-        self._ctx = ray.put({"elements": durls, "tables": metas, "budget": self.budget,
-                             "chunk_rows": self.chunk_rows, "partitions": self.partitions,
-                             "pool_bytes": self.pool_bytes})
+        self._ctx = ray.put({"elements": durls, "pool_bytes": self.pool_bytes})
 
     # -- slots -----------------------------------------------------------------------
 
@@ -379,32 +349,17 @@ class DistributedSession:
         tasks of a failed query have not stopped yet."""
         self._reap()
         with self._lock:
-            return self.slots - len(self._free)
-
-    def _take(self, n: int) -> List[int]:
-        with self._lock:
-            if n > len(self._free):
-                raise DistributedQueryError(
-                    f"the query has {n} tasks but only {len(self._free)} of {self.slots} allocation regions are "
-                    f"free (region_bytes={self.region_bytes}, element_bytes={self.element_bytes}): raise "
-                    "element_bytes or lower region_bytes")
-            taken, self._free = self._free[:n], self._free[n:]
-            return taken
-
-    def _give(self, slots: Sequence[int]) -> None:
-        with self._lock:
-            self._free = sorted(self._free + list(slots))
+            return sum(self._held.values())
 
     def _reap(self) -> None:
-        """Returns the slots of cancelled tasks that have stopped since."""
-        if not self._draining:
-            return
-        done, _ = self._ray.wait(list(self._draining), num_returns=len(self._draining), timeout=0)
-        self._give([self._draining.pop(r) for r in done])
-
-    def _slot_state(self, slot: int) -> str:
-        lo = self._base + slot * self.region_bytes
-        return _region(list(self._actors), lo, lo + self.region_bytes)
+        """Frees the slots of failed queries whose cancelled tasks have stopped since."""
+        for qid, (refs, query) in list(self._draining.items()):
+            _, running = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+            if not running:
+                query.abandon()
+                del self._draining[qid]
+                with self._lock:
+                    self._held.pop(qid, None)
 
     # -- queries ---------------------------------------------------------------------
 
@@ -424,10 +379,8 @@ class DistributedSession:
 
         Raises the planner's errors (``scad.QueryError``, ...) for SQL that cannot be
         planned (nothing runs then) and :class:`DistributedQueryError` when a task
-        fails, dies or stalls, or when the query needs more regions than exist."""
+        fails, dies or stalls, or when the query needs more regions than are free."""
         import pyarrow as pa
-
-        from .frame import RemoteFrame
 
         self._check_usable()
         self._reap()
@@ -435,95 +388,64 @@ class DistributedSession:
         t0 = time.perf_counter()
         plan = self._session.stages(sql)
         stages = plan["stages"]
-        plan_s = time.perf_counter() - t0
-        by_id = {s["id"]: s for s in stages}
-        slots = self._take(sum(int(s["tasks"]) for s in stages))
+        tasks_wanted = sum(int(s["tasks"]) for s in stages)
         with self._lock:
+            free = self.slots - sum(self._held.values())
+            if tasks_wanted > free:
+                raise DistributedQueryError(
+                    f"the query has {tasks_wanted} tasks but only {free} of {self.slots} allocation regions are "
+                    f"free (region_bytes={self.region_bytes}, element_bytes={self.element_bytes}): raise "
+                    "element_bytes or lower region_bytes")
             self._queries += 1
             qid = f"{self.id}-q{self._queries}"
+            self._held[qid] = tasks_wanted
+        try:
+            query = _native.DistributedQuery(self._session._raw, sql, self.region_bytes)
+        except BaseException:
+            with self._lock:
+                self._held.pop(qid, None)
+            raise
+        plan_s = time.perf_counter() - t0
         before = self._element_stats()
         _, task_fn = _remote(ray)
-        refs: Dict[Tuple[int, int], Any] = {}
-        owner: Dict[Any, Tuple[int, int, int]] = {}  # ref -> (stage, task, slot)
-        results: Dict[Tuple[int, int], Dict[str, Any]] = {}
         options: Dict[str, Any] = {"num_cpus": 1, "max_retries": 0, "scheduling_strategy": "SPREAD"}
         if self.budget:
             options["memory"] = self.budget
-        free_slots = iter(slots)
+        running: Dict[Any, Tuple[int, int, float]] = {}  # ref -> (stage, task, handed out at)
+        log: List[Dict[str, Any]] = []
+        finished = False
         try:
-            for s in stages:
-                inputs = list(dict.fromkeys(s["inputs"]))
-                layout = [(i, int(by_id[i]["tasks"]), int(by_id[i]["partitions"])) for i in inputs]
-                args = [refs[(i, t)] for i, n, _ in layout for t in range(n)]
-                for t in range(int(s["tasks"])):
-                    slot = next(free_slots)
-                    ref = task_fn.options(name=f"{qid}/stage{s['id']}/task{t}", **options).remote(
-                        self._ctx, sql, s["id"], t, layout, self._slot_state(slot), *args)
-                    refs[(s["id"], t)] = ref
-                    owner[ref] = (s["id"], t, slot)
-            self._wait(qid, stages, owner, results)
-            t1 = time.perf_counter()
-            root = stages[-1]
-            parts = []
-            for q in range(int(root["partitions"])):
-                for t in range(int(root["tasks"])):
-                    for meta in results[(root["id"], t)]["outputs"][q]:
-                        parts.append(RemoteFrame.from_meta(self.env, meta).to_arrow())
-            table = _concat(pa, parts, root["columns"])
-            read_s = time.perf_counter() - t1
-        finally:
-            self._finish(owner, slots)
-        after = self._element_stats()
-        log = [results[k] for k in sorted(results, key=lambda k: (k[0], k[1]))]
-        tasks = [{k: r[k] for k in ("stage", "task", "node_id", "pid", "start", "end", "stats")} for r in log]
-        stats = {
-            "elapsed_s": time.perf_counter() - t0, "plan_s": plan_s, "read_s": read_s,
-            "stages": len(stages), "tasks": len(tasks), "slots": len(slots), "rows": table.num_rows,
-            "partitions": self.partitions,
-            "shuffle_bytes": sum(r["stats"].get("bytes_written", 0) for r in log if r["stage"] != root["id"]),
-            "root_bytes": sum(r["stats"].get("bytes_written", 0) for r in log if r["stage"] == root["id"]),
-            "compute_s": sum(r["stats"].get("elapsed_s", 0.0) for r in log),
-            "task_s": sum(r["end"] - r["start"] for r in log),
-            "peak_local_bytes": max((r["stats"].get("peak_local_bytes", 0) for r in log), default=0),
-            "scan_bytes": sum(r["stats"].get("scan_bytes", 0) for r in log),
-            "spill_files": sum(r["stats"].get("spill_files", 0) for r in log),
-            "nodes": len({r["node_id"] for r in log}),
-            "elements": {name: {k: after[name][k] - before[name][k] for k in ("bytes_written", "bytes_read")}
-                         for name in after if name in before},
-        }
-        return DistributedResult(qid, table, list(root["columns"]), bool(plan["ordered"]), stats, tasks, stages)
-
-    def _wait(self, qid: str, stages: List[Dict[str, Any]], owner: Dict[Any, Tuple[int, int, int]],
-              results: Dict[Tuple[int, int], Dict[str, Any]]) -> None:
-        """Waits for every task; raises on the first failure or stall."""
-        ray = self._ray
-        order = {s["id"]: k for k, s in enumerate(stages)}
-        pending = list(owner)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=self.task_timeout)
-            if not ready:
-                done_stages = {s for (s, _) in results}
-                waiting = [f"stage {s} task {t}" for s, t, _ in (owner[r] for r in pending)
-                           if all(i in done_stages for i in next(x for x in stages if x["id"] == s)["inputs"])]
-                raise DistributedQueryError(
-                    f"query {qid}: no task finished for {self.task_timeout:g} s (task_timeout); running or "
-                    f"waiting for a CPU: {', '.join(waiting[:8]) or 'none'}", qid, cause="timeout")
-            # Several may have failed at once (a task and those reading it): blame the
-            # earliest in plan order, the one the others failed from.
-            more, _ = ray.wait(pending, num_returns=len(pending), timeout=0) if pending else ([], [])
-            failed = []
-            for ref in ready + more:
-                try:
-                    value = ray.get(ref)
-                except Exception as exc:  # the task's own error, or Ray's (crash, cancel)
-                    failed.append((order[owner[ref][0]], owner[ref][1], ref, exc))
-                    continue
-                results[(value["stage"], value["task"])] = value
-            pending = [r for r in pending if r not in more]
-            if failed:
-                _, _, ref, error = min(failed, key=lambda f: (f[0], f[1]))
-                s, t, _ = owner[ref]
-                cause = _cause(error)
+            failure: Optional[Tuple[int, int, str]] = None
+            while True:
+                while failure is None:
+                    ready = query.next_task()
+                    if ready is None:
+                        break
+                    stage, task, spec = ready
+                    ref = task_fn.options(name=f"{qid}/stage{stage}/task{task}", **options).remote(self._ctx, spec)
+                    running[ref] = (stage, task, query.clock())
+                if not running:
+                    break
+                done, _ = ray.wait(list(running), num_returns=1, timeout=self.task_timeout)
+                if not done:
+                    waiting = [f"stage {s} task {t}" for s, t, _ in running.values()]
+                    raise DistributedQueryError(
+                        f"query {qid}: no task finished for {self.task_timeout:g} s (task_timeout); running or "
+                        f"waiting for a CPU: {', '.join(waiting[:8])}", qid, cause="timeout")
+                for ref in done:
+                    stage, task, began = running.pop(ref)
+                    try:
+                        value = ray.get(ref)
+                    except Exception as exc:  # the task's own error, or Ray's (crash, cancel)
+                        cause = _cause(exc)
+                        query.task_failed(stage, task, cause)
+                        if failure is None:
+                            failure = (stage, task, cause)
+                        continue
+                    query.task_done(value["output"], began)
+                    log.append(value)
+            if failure is not None:
+                s, t, cause = failure
                 if cause.startswith("MemoryError") and "cannot fit an allocation" in cause:
                     cause += (f" (the task's region, {self.region_bytes} bytes in each memory element, is full: "
                               "raise region_bytes)")
@@ -532,29 +454,59 @@ class DistributedSession:
                     self._broken = f"memory element(s) {', '.join(lost)} died (their tables are gone)"
                     cause += f"; {self._broken}"
                 raise DistributedQueryError(f"query {qid}: stage {s} task {t} failed: {cause}", qid, s, t, cause)
+            t1 = time.perf_counter()
+            answer, info = query.finish()
+            finished = True
+            table = _named(pa.table(answer), stages[-1]["columns"])
+            read_s = time.perf_counter() - t1
+        finally:
+            if finished:
+                with self._lock:
+                    self._held.pop(qid, None)
+            else:
+                self._stop_query(qid, query, list(running))
+        after = self._element_stats()
+        outputs = [json.loads(v["output"]) for v in log]
+        tasks = sorted(({"stage": o["stage"], "task": o["task"], "node_id": v["node_id"], "pid": v["pid"],
+                         "start": v["start"], "end": v["end"], "stats": _task_stats(o, self.budget)}
+                        for o, v in zip(outputs, log)), key=lambda r: (r["stage"], r["task"]))
+        root = stages[-1]["id"]
+        stats = {
+            "elapsed_s": time.perf_counter() - t0, "plan_s": plan_s, "read_s": read_s,
+            "stages": len(stages), "tasks": len(tasks), "slots": tasks_wanted, "rows": table.num_rows,
+            "partitions": self.partitions,
+            "shuffle_bytes": info["shuffle_bytes"],
+            "root_bytes": sum(o["bytes_written"] for o in outputs if o["stage"] == root),
+            "compute_s": sum(o["elapsed_s"] for o in outputs),
+            "task_s": sum(v["end"] - v["start"] for v in log),
+            "peak_local_bytes": max((o["peak_local_bytes"] for o in outputs), default=0),
+            "scan_bytes": sum(o["scan_bytes"] for o in outputs),
+            "spill_files": sum(o["spill_files"] for o in outputs),
+            "nodes": len({v["node_id"] for v in log}),
+            "elements": {name: {k: after[name][k] - before[name][k] for k in ("bytes_written", "bytes_read")}
+                         for name in after if name in before},
+        }
+        return DistributedResult(qid, table, list(stages[-1]["columns"]), bool(plan["ordered"]), stats, tasks,
+                                 stages)
 
-    def _finish(self, owner: Dict[Any, Tuple[int, int, int]], slots: List[int]) -> None:
-        """After a query, whatever happened: cancels its unfinished tasks, waits up to
-        ``cancel_grace`` for them to stop, and returns the slots of every task that has
-        stopped (the others when they stop) and of tasks never submitted."""
+    def _stop_query(self, qid: str, query: Any, refs: List[Any]) -> None:
+        """After a failed query: force-cancels its running tasks and waits up to
+        ``cancel_grace`` for them to stop; frees its slots then, or when they stop."""
         ray = self._ray
-        handed = {v[2] for v in owner.values()}
-        self._give([k for k in slots if k not in handed])
-        refs = list(owner)
-        if not refs:
-            return
-        done, running = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for r in running:
+        for r in refs:
             try:
                 ray.cancel(r, force=True)
             except Exception:  # finished meanwhile, or already gone: nothing to stop
                 pass
+        running = refs
+        if refs:
+            _, running = ray.wait(refs, num_returns=len(refs), timeout=self.cancel_grace)
         if running:
-            more, running = ray.wait(running, num_returns=len(running), timeout=self.cancel_grace)
-            done = done + more
-        self._give([owner[r][2] for r in done])
-        for r in running:
-            self._draining[r] = owner[r][2]
+            self._draining[qid] = (list(running), query)
+            return
+        query.abandon()
+        with self._lock:
+            self._held.pop(qid, None)
 
     def _element_stats(self) -> Dict[str, Dict[str, int]]:
         ray = self._ray
@@ -583,11 +535,13 @@ class DistributedSession:
 
     def _teardown(self) -> None:
         ray = self._ray
-        for r in list(self._draining):
-            try:
-                ray.cancel(r, force=True)
-            except Exception:  # finished meanwhile
-                pass
+        for refs, query in self._draining.values():
+            for r in refs:
+                try:
+                    ray.cancel(r, force=True)
+                except Exception:  # finished meanwhile
+                    pass
+            query.abandon()
         self._draining.clear()
         for actor in self._actors.values():
             _stop(ray, actor)
@@ -607,15 +561,15 @@ class DistributedSession:
                 f"tables={sorted(self._tables_in)})")
 
 
-def _concat(pa, parts: List[Any], columns: List[str]) -> Any:
-    """The root's frames as one table under the query's column names (frames store
-    duplicate names made unique)."""
-    if not parts:
-        return pa.table({f"_{k}": pa.array([], pa.null()) for k in range(len(columns))}).rename_columns(columns)
-    try:
-        table = pa.concat_tables(parts)
-    except pa.ArrowInvalid:
-        table = pa.concat_tables(parts, promote_options="permissive")
+def _task_stats(output: Dict[str, Any], budget: Optional[int]) -> Dict[str, Any]:
+    """A task's figures as ``QuerySession.run_stage_task`` reports them."""
+    keys = ("elapsed_s", "rows", "peak_local_bytes", "scan_bytes", "spill_files", "bytes_written")
+    return {"budget": budget, **{k: output[k] for k in keys}}
+
+
+def _named(table: Any, columns: List[str]) -> Any:
+    """The answer under the query's column names (frames store duplicate names made
+    unique)."""
     return table.rename_columns(columns) if len(columns) == table.num_columns else table
 
 

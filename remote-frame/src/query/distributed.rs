@@ -262,8 +262,14 @@ struct QueryRegion {
 const MIN_SLOT_BYTES: u64 = 1 << 20;
 
 impl QueryRegion {
-    /// Reserves the space above each element's bump pointer for `slots` tasks.
-    fn reserve(elements: &Arc<MemoryElements>, slots: usize) -> Result<Self> {
+    /// Reserves `slots` equal slots above each element's bump pointer: each as large
+    /// as the free space allows, at most `slot_cap` bytes (None: no cap, the whole
+    /// free space is taken).
+    fn reserve(
+        elements: &Arc<MemoryElements>,
+        slots: usize,
+        slot_cap: Option<u64>,
+    ) -> Result<Self> {
         let align = elements.alignment();
         let mut region = QueryRegion {
             elements: Arc::clone(elements),
@@ -272,11 +278,19 @@ impl QueryRegion {
         };
         for a in elements.allocation_state().allocators {
             let tail = a.range().end - a.high_water();
-            let slot = (tail / slots.max(1) as u64) & !(align - 1);
-            if slot < MIN_SLOT_BYTES {
+            let fits = tail / slots.max(1) as u64;
+            let (slot, too_small) = match slot_cap {
+                Some(cap) => (
+                    cap.next_multiple_of(align),
+                    fits < cap.next_multiple_of(align),
+                ),
+                None => (fits & !(align - 1), fits < MIN_SLOT_BYTES),
+            };
+            if too_small {
                 return Err(Error::InvalidArgument(format!(
-                    "memory element {:?} has {tail} bytes free above its allocations: too little for {slots} tasks of at least {MIN_SLOT_BYTES} bytes each",
-                    a.element()
+                    "memory element {:?} has {tail} bytes free above its allocations: too little for {slots} tasks of {} bytes each",
+                    a.element(),
+                    slot_cap.unwrap_or(MIN_SLOT_BYTES)
                 )));
             }
             let bytes = slot * slots as u64;
@@ -350,12 +364,14 @@ impl std::fmt::Debug for DistributedQuery {
 }
 
 impl DistributedQuery {
-    /// Plans `sql` in `session` and reserves memory for its tasks.
+    /// Plans `sql` in `session` and reserves memory for its tasks: one slot per task
+    /// in every memory element, of `slot_bytes` each (None: the free space above the
+    /// session's allocations shared out equally).
     ///
     /// # Errors
     /// Planning errors as [`QuerySession::sql`]; [`Error::InvalidArgument`] when the
     /// memory elements have too little room for the query's tasks.
-    pub fn new(session: &QuerySession, sql: &str) -> Result<Self> {
+    pub fn new(session: &QuerySession, sql: &str, slot_bytes: Option<u64>) -> Result<Self> {
         let (plan, stored_schema) = session.stage_plan(sql)?;
         let tables = session
             .tables
@@ -365,7 +381,7 @@ impl DistributedQuery {
             .map(|(name, frame)| Ok((name.clone(), frame.to_json()?)))
             .collect::<Result<BTreeMap<_, _>>>()?;
         let slots: usize = plan.stages.iter().map(|s| s.tasks).sum();
-        let region = QueryRegion::reserve(session.env().elements(), slots)?;
+        let region = QueryRegion::reserve(session.env().elements(), slots, slot_bytes)?;
         let first_slot = plan
             .stages
             .iter()
@@ -574,7 +590,7 @@ impl QuerySession {
         workers: usize,
     ) -> Result<DistributedOutput> {
         let workers = workers.max(1);
-        let mut query = DistributedQuery::new(self, sql)?;
+        let mut query = DistributedQuery::new(self, sql, None)?;
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
             loop {
