@@ -69,18 +69,29 @@ impl PyDistributedQuery {
     }
 
     /// A task ready to run: its stage, its number and its spec as JSON (it counts as
-    /// running from now on); None while none is ready or after a failure.
-    fn next_task(&self) -> PyResult<Option<(usize, usize, String)>> {
+    /// running from now on); None while none is ready or after a failure. Without
+    /// `with_tables` the spec leaves the tables out (the same for every task: hand
+    /// them to the workers once, `tables()`, and to `run_task`).
+    #[pyo3(signature = (with_tables=true))]
+    fn next_task(&self, with_tables: bool) -> PyResult<Option<(usize, usize, String)>> {
         self.with(|q| {
             q.next_task()
                 .map_err(frame_err)?
-                .map(|spec| {
+                .map(|mut spec| {
+                    if !with_tables {
+                        spec.tables.clear();
+                    }
                     serde_json::to_string(&spec)
                         .map(|json| (spec.stage, spec.task, json))
                         .map_err(|e| json_err("a task spec", e))
                 })
                 .transpose()
         })
+    }
+
+    /// The tables every task reads, as JSON (name -> frame metadata JSON).
+    fn tables(&self) -> PyResult<String> {
+        self.with(|q| serde_json::to_string(q.tables()).map_err(|e| json_err("the tables", e)))
     }
 
     /// Seconds since the query started.
@@ -199,12 +210,22 @@ impl PyAnswer {
 }
 
 /// Runs one task of a distributed query (`spec`: JSON from
-/// `DistributedQuery.next_task`) over the memory elements of `store` (a store of this
-/// worker alone: its allocators are confined to the task's slot); returns the task's
-/// output as JSON for `DistributedQuery.task_done`.
+/// `DistributedQuery.next_task`; `tables`: `DistributedQuery.tables()` when the spec
+/// left them out) over the memory elements of `store` (a store of this worker alone:
+/// its allocators are confined to the task's slot); returns the task's output as JSON
+/// for `DistributedQuery.task_done`.
 #[pyfunction]
-pub fn run_task(py: Python<'_>, store: &PyStore, spec: &str) -> PyResult<String> {
-    let spec: TaskSpec = serde_json::from_str(spec).map_err(|e| json_err("a task spec", e))?;
+#[pyo3(signature = (store, spec, tables=None))]
+pub fn run_task(
+    py: Python<'_>,
+    store: &PyStore,
+    spec: &str,
+    tables: Option<&str>,
+) -> PyResult<String> {
+    let mut spec: TaskSpec = serde_json::from_str(spec).map_err(|e| json_err("a task spec", e))?;
+    if let Some(tables) = tables {
+        spec.tables = serde_json::from_str(tables).map_err(|e| json_err("the tables", e))?;
+    }
     let elements = std::sync::Arc::clone(store.inner.elements());
     detach(py, move || {
         let out = scad_remote_frame::run_task(elements, &spec).map_err(frame_err)?;

@@ -167,17 +167,19 @@ def _durl(name: str, url: str, token: str) -> str:
     return f"{name};rdma_tcp;url,{url};token,{token};"
 
 
-def _stage_task(ctx: Dict[str, Any], spec: str) -> Dict[str, Any]:
-    """One task of a query in a Ray worker: ``spec`` from ``DistributedQuery.next_task``,
-    run over a store of its own (a page pool must not keep pages of a slot an earlier
-    query wrote); ``ctx``: the memory elements' durls and the pool size."""
+def _stage_task(ctx: Dict[str, Any], tables: str, spec: str) -> Dict[str, Any]:
+    """One task of a query in a Ray worker: ``spec`` from ``DistributedQuery.next_task``
+    (without the tables: ``tables``, put in Ray's object store once per query, and
+    shared by its tasks), run over a store of its own (a page pool must not keep pages
+    of a slot an earlier query wrote); ``ctx``: the memory elements' durls and the pool
+    size."""
     import ray
 
     from .array import Store
 
     start = time.time()
     store = Store(dict(ctx["elements"]), pool_bytes=ctx["pool_bytes"])
-    output = _native.run_task(store._store, spec)
+    output = _native.run_task(store._store, spec, tables)
     return {"output": output, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
             "start": start, "end": time.time()}
 
@@ -411,6 +413,8 @@ class DistributedSession:
         options: Dict[str, Any] = {"num_cpus": 1, "max_retries": 0, "scheduling_strategy": "SPREAD"}
         if self.budget:
             options["memory"] = self.budget
+        # The tables' metadata (megabytes at SF 1) travels once per query, not per task.
+        tables = ray.put(query.tables())
         running: Dict[Any, Tuple[int, int, float]] = {}  # ref -> (stage, task, handed out at)
         log: List[Dict[str, Any]] = []
         finished = False
@@ -418,11 +422,12 @@ class DistributedSession:
             failure: Optional[Tuple[int, int, str]] = None
             while True:
                 while failure is None:
-                    ready = query.next_task()
+                    ready = query.next_task(with_tables=False)
                     if ready is None:
                         break
                     stage, task, spec = ready
-                    ref = task_fn.options(name=f"{qid}/stage{stage}/task{task}", **options).remote(self._ctx, spec)
+                    ref = task_fn.options(name=f"{qid}/stage{stage}/task{task}", **options).remote(
+                        self._ctx, tables, spec)
                     running[ref] = (stage, task, query.clock())
                 if not running:
                     break

@@ -418,6 +418,11 @@ impl DistributedQuery {
         &self.plan
     }
 
+    /// The tables every task reads (name → frame metadata JSON), as in its spec.
+    pub fn tables(&self) -> &BTreeMap<String, String> {
+        &self.tables
+    }
+
     /// Seconds since the query started (the clock of [`TaskRecord`]).
     pub fn clock(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
