@@ -331,6 +331,11 @@ impl QuerySession {
     /// # Errors
     /// As [`QuerySession::sql`], for planning.
     pub fn stages(&self, sql: &str) -> Result<StagePlan> {
+        Ok(self.stage_plan(sql)?.0)
+    }
+
+    /// The stages of `sql` and the schema its answer is stored in (one planning).
+    pub(super) fn stage_plan(&self, sql: &str) -> Result<(StagePlan, SchemaRef)> {
         let (logical, physical) = self.plan_for(sql, true)?;
         let stages = cut(&physical)
             .iter()
@@ -354,16 +359,10 @@ impl QuerySession {
                     .collect(),
             })
             .collect();
-        Ok(StagePlan {
+        let plan = StagePlan {
             stages,
             ordered: is_ordered(&logical),
-        })
-    }
-
-    /// The stages of `sql` and the schema its answer is stored in.
-    pub(super) fn stage_plan(&self, sql: &str) -> Result<(StagePlan, SchemaRef)> {
-        let plan = self.stages(sql)?;
-        let (_, physical) = self.plan_for(sql, true)?;
+        };
         Ok((plan, StorageSchema::new(&physical.schema()).schema))
     }
 
