@@ -344,7 +344,8 @@ pub struct DistributedQuery {
     region: QueryRegion,
     /// Stage → partition → frames, for finished stages.
     outputs: BTreeMap<usize, Vec<Vec<String>>>,
-    done: Vec<Vec<Option<TaskOutput>>>,
+    /// Stage → task → its record in `log`, once done.
+    done: Vec<Vec<Option<usize>>>,
     started: Vec<bool>,
     ready: VecDeque<(usize, usize)>,
     running: usize,
@@ -498,7 +499,7 @@ impl DistributedQuery {
                     "stage {stage} task {task} is not a running task of this query"
                 ))
             })?;
-        *slot = Some(output.clone());
+        *slot = Some(self.log.len());
         self.running = self.running.saturating_sub(1);
         self.log.push(TaskRecord {
             output,
@@ -507,8 +508,8 @@ impl DistributedQuery {
         });
         if self.done[stage].iter().all(Option::is_some) {
             let mut parts = vec![Vec::new(); self.plan.stages[stage].partitions];
-            for out in self.done[stage].iter().flatten() {
-                for (q, metas) in out.outputs.iter().enumerate() {
+            for &k in self.done[stage].iter().flatten() {
+                for (q, metas) in self.log[k].output.outputs.iter().enumerate() {
                     if let Some(p) = parts.get_mut(q) {
                         p.extend(metas.iter().cloned());
                     }
