@@ -5,7 +5,8 @@
 use std::ffi::CString;
 
 use arrow_array::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
-use arrow_array::RecordBatchReader;
+use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
+use arrow_schema::SchemaRef;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -28,6 +29,20 @@ pub fn export_stream(
     // pyo3 keeps the value as the first field of a `#[repr(C)]` box, so the capsule's
     // pointer is a valid `ArrowArrayStream*` for as long as the capsule lives.
     PyCapsule::new(py, stream, Some(name))
+}
+
+/// Record batches in local memory as a stream capsule (the consumer shares their
+/// buffers).
+///
+/// # Errors
+/// Python errors creating the capsule.
+pub fn export_batches(
+    py: Python<'_>,
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> PyResult<Bound<'_, PyCapsule>> {
+    let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
+    export_stream(py, Box::new(reader))
 }
 
 /// Takes the stream out of an `"arrow_array_stream"` capsule and opens a reader on it.

@@ -6,14 +6,14 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use arrow_array::{RecordBatch, RecordBatchIterator};
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use scad_remote_frame::{DistributedQuery, Error as FrameError, TaskOutput, TaskSpec};
 
-use crate::arrow_ffi::export_stream;
+use crate::arrow_ffi::export_batches;
 use crate::errors::detach;
 use crate::frame::frame_err;
 use crate::pool::PyStore;
@@ -201,11 +201,7 @@ impl PyAnswer {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = requested_schema;
-        let reader = RecordBatchIterator::new(
-            self.batches.clone().into_iter().map(Ok),
-            self.schema.clone(),
-        );
-        export_stream(py, Box::new(reader))
+        export_batches(py, self.schema.clone(), self.batches.clone())
     }
 }
 

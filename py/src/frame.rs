@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use arrow_array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
+use arrow_array::{RecordBatch, RecordBatchReader};
 use arrow_schema::{ArrowError, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::{ident, SortExpr};
@@ -19,7 +19,7 @@ use scad_remote_frame::{
     Batches, Budget, Error as FrameError, FrameEnv, FrameMeta, FrameWriter, JoinType, RemoteFrame,
 };
 
-use crate::arrow_ffi::{export_stream, import_stream};
+use crate::arrow_ffi::{export_batches, export_stream, import_stream};
 use crate::errors::{
     array_err, detach, unknown_name_error, BudgetExceededError, FreedFrameError, QueryError,
     ScadError, StaleFrameError,
@@ -374,8 +374,7 @@ impl PyFrame {
         let batches = detach(py, move || {
             frame.select_record_batches(&names).map_err(frame_err)
         })?;
-        let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
-        export_stream(py, Box::new(reader))
+        export_batches(py, schema, batches)
     }
 
     /// Rows where the predicate (expression JSON) is true.

@@ -12,12 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use arrow_array::RecordBatchIterator;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use scad_remote_frame::{Error as FrameError, FrameEnv, QueryOutput, QuerySession, RemoteFrame};
 
-use crate::arrow_ffi::export_stream;
+use crate::arrow_ffi::export_batches;
 use crate::errors::{detach, FreedFrameError, StaleFrameError};
 use crate::frame::{frame_err, PyFrame, PyFrameEnv};
 
@@ -396,10 +395,11 @@ impl PyQueryResult {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let _ = requested_schema;
-        let batches = self.output.batches().to_vec();
-        let reader =
-            RecordBatchIterator::new(batches.into_iter().map(Ok), self.output.schema().clone());
-        export_stream(py, Box::new(reader))
+        export_batches(
+            py,
+            self.output.schema().clone(),
+            self.output.batches().to_vec(),
+        )
     }
 
     /// Writes the answer to memory elements as a new frame, under `env` (the session's
