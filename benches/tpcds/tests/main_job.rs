@@ -102,18 +102,6 @@ fn bad_arguments_are_refused_before_anything_runs() {
     }
 }
 
-/// Free bytes over all of `cluster`'s memory elements.
-fn available(cluster: &Cluster) -> u64 {
-    cluster
-        .env()
-        .elements()
-        .allocation_state()
-        .allocators
-        .iter()
-        .map(|a| a.available())
-        .sum()
-}
-
 #[test]
 fn queries_run_distributed_as_task_processes_against_memory_server_processes() {
     let servers = [
@@ -141,7 +129,7 @@ fn queries_run_distributed_as_task_processes_against_memory_server_processes() {
             .map(String::from)
             .to_vec(),
     };
-    let free_before = available(&cluster);
+    let free_before = cluster.available_bytes();
     // q98 has a window function; q95 a self-join and EXISTS; q16 EXISTS / NOT EXISTS.
     for q in ["q1", "q16", "q95", "q98"] {
         let (run, tasks) = run_query_distributed(&driver, set, q, &runner, 2)
@@ -161,7 +149,7 @@ fn queries_run_distributed_as_task_processes_against_memory_server_processes() {
         }
         assert!(run.handoff_bytes > 0, "{q}: nothing handed on");
         assert_eq!(
-            available(&cluster),
+            cluster.available_bytes(),
             free_before,
             "{q} left memory allocated"
         );
@@ -181,7 +169,7 @@ fn queries_run_distributed_as_task_processes_against_memory_server_processes() {
         "{err}"
     );
     assert_eq!(
-        available(&cluster),
+        cluster.available_bytes(),
         free_before,
         "a failed query left memory allocated"
     );

@@ -27,16 +27,6 @@ fn session(env: &FrameEnv, tables: &BTreeMap<String, RemoteFrame>) -> QuerySessi
     s
 }
 
-/// Free bytes over all of `env`'s memory elements.
-fn available(env: &FrameEnv) -> u64 {
-    env.elements()
-        .allocation_state()
-        .allocators
-        .iter()
-        .map(|a| a.available())
-        .sum()
-}
-
 fn data_set() -> DataSet {
     let mut options = GenerateOptions::new(0.01);
     options.spread_warehouses = 5;
@@ -53,7 +43,7 @@ fn all_99_queries_run_distributed_equal_duckdb() {
     let env = cluster.env().clone();
     let driver = session(&env, &frames);
     let runner = ThreadRunner::new(env.elements()).unwrap();
-    let free_before = available(&env);
+    let free_before = cluster.available_bytes();
     // SCAD_TPCDS_QUERIES=q28,q51 runs only those (while working on them).
     let only: Option<Vec<String>> = std::env::var("SCAD_TPCDS_QUERIES")
         .ok()
@@ -102,7 +92,11 @@ fn all_99_queries_run_distributed_equal_duckdb() {
             eprintln!("{q}: {e}");
             failures.push(q.clone());
         }
-        assert_eq!(available(&env), free_before, "{q} left memory allocated");
+        assert_eq!(
+            cluster.available_bytes(),
+            free_before,
+            "{q} left memory allocated"
+        );
     }
     assert!(
         failures.is_empty(),

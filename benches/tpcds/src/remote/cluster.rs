@@ -227,6 +227,18 @@ impl Cluster {
         &self.env
     }
 
+    /// Free bytes over all memory elements, as this process's allocators see them
+    /// (what a query must give back).
+    pub fn available_bytes(&self) -> u64 {
+        self.env
+            .elements()
+            .allocation_state()
+            .allocators
+            .iter()
+            .map(|a| a.available())
+            .sum()
+    }
+
     /// The same elements with `rows` rows per stored chunk of new frames.
     pub fn set_chunk_rows(&mut self, rows: usize) {
         self.env = self.env.with_chunk_rows(rows);
