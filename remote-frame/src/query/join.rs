@@ -68,6 +68,7 @@ use super::grace::{
     Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::JoinKeyFilter;
+use super::reserved_pool::ReservedPool;
 use super::operator::replace_each;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
@@ -327,6 +328,16 @@ impl Prefix {
         })
     }
 
+    /// All the rows of an input that fitted (no overflow), as a build side.
+    fn into_build(self, schema: SchemaRef) -> HeldBuild {
+        debug_assert!(self.overflow.is_none(), "a build side is held whole");
+        HeldBuild {
+            schema,
+            batches: self.held,
+            reservation: self.reservation,
+        }
+    }
+
     /// The rows read, then the rest of `rest`, as one stream that gives the held
     /// rows' memory back as it hands them on.
     fn chain(
@@ -339,6 +350,31 @@ impl Prefix {
             .chain(futures::stream::iter(self.overflow.map(Ok)))
             .chain(rest);
         Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+    }
+}
+
+/// A build side wholly in memory: its rows and the reservation they were read under.
+struct HeldBuild {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    reservation: MemoryReservation,
+}
+
+impl HeldBuild {
+    /// The rows as a one-shot input, and a task context for the join building on
+    /// them: its pool lends the join the rows' reservation, so that the join's table
+    /// (DataFusion's join cannot spill) is made out of the memory the rows were read
+    /// under. Given back batch by batch as the join took them, that memory went to
+    /// whichever operator running beside it asked first, and the join then failed
+    /// for want of the few bytes more its table needs (q80 at 25 MiB: three union
+    /// branches of joins at once).
+    fn lend(self, context: &TaskContext) -> DfResult<(OneShotExec, Arc<TaskContext>)> {
+        let limit = context.memory_pool().memory_limit();
+        let pool = Arc::new(ReservedPool::new(self.reservation, 0, limit));
+        let context = ReservedPool::context(pool, context)?;
+        let rows = futures::stream::iter(self.batches.into_iter().map(Ok));
+        let rows = Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), rows));
+        Ok((OneShotExec::new(self.schema, rows), context))
     }
 }
 
@@ -376,11 +412,10 @@ impl JoinRun {
             if let Some(f) = &self.key_filter {
                 f.report(Some(f.bounds_of(&build.held)?))?;
             }
-            // It fits: the wrapped join runs on the rows read. Its own reservation
-            // takes over from ours batch by batch.
-            let left = build.chain(left_schema, left);
+            // It fits: the wrapped join runs on the rows read, in the memory they
+            // were read under.
             return self.inner_join(
-                OneShotExec::new(left.schema(), left),
+                build.into_build(left_schema),
                 OneShotExec::new(right_schema, right),
             );
         }
@@ -401,8 +436,7 @@ impl JoinRun {
                     f.report(None)?;
                 }
                 let left = build.chain(left_schema, left);
-                let right = probe.chain(right_schema, right);
-                return self.swapped_join(left, right);
+                return self.swapped_join(left, probe.into_build(right_schema));
             }
             Some(probe)
         } else {
@@ -469,20 +503,17 @@ impl JoinRun {
         // Also without rows in memory: probe rows of partitions no build row fell
         // in may still be output (outer joins). Rows the join does not ask for
         // (nothing they could produce) are read past by `files` below.
-        let held = reserved_stream(
-            left_schema.clone(),
-            build.held,
-            build.reservation,
-            build_cost,
-        );
+        let held = HeldBuild {
+            schema: left_schema.clone(),
+            batches: build.held,
+            reservation: build.reservation,
+        };
         let held_probe = Box::pin(RecordBatchStreamAdapter::new(
             right_schema.clone(),
             held_probe,
         ));
-        let joined_in_memory = self.inner_join(
-            OneShotExec::new(left_schema.clone(), held),
-            OneShotExec::new(right_schema.clone(), held_probe),
-        )?;
+        let joined_in_memory =
+            self.inner_join(held, OneShotExec::new(right_schema.clone(), held_probe))?;
         let build_files = build.files;
         let batch_rows = self.context.session_config().batch_size();
         let schema = self.join.schema();
@@ -534,14 +565,12 @@ impl JoinRun {
     fn swapped_join(
         &self,
         left: SendableRecordBatchStream,
-        right: SendableRecordBatchStream,
+        right: HeldBuild,
     ) -> DfResult<SendableRecordBatchStream> {
-        let join = self.over(
-            OneShotExec::new(left.schema(), left),
-            OneShotExec::new(right.schema(), right),
-        )?;
+        let (right, context) = right.lend(&self.context)?;
+        let join = self.over(OneShotExec::new(left.schema(), left), right)?;
         join.swap_inputs(PartitionMode::CollectLeft)?
-            .execute(0, self.context.clone())
+            .execute(0, context)
     }
 
     /// The wrapped join over one-partition inputs.
@@ -555,13 +584,14 @@ impl JoinRun {
             .build()
     }
 
-    /// Runs the wrapped join on one-partition inputs.
+    /// Runs the wrapped join on a build side in memory and a one-partition probe side.
     fn inner_join(
         &self,
-        left: OneShotExec,
-        right: OneShotExec,
+        build: HeldBuild,
+        probe: OneShotExec,
     ) -> DfResult<SendableRecordBatchStream> {
-        self.over(left, right)?.execute(0, self.context.clone())
+        let (build, context) = build.lend(&self.context)?;
+        self.over(build, probe)?.execute(0, context)
     }
 
     /// This run's share of the budget: the join's partitions run at the same time.
@@ -609,14 +639,14 @@ impl JoinRun {
         let mut rows = part.build_stream()?;
         let build = Prefix::read(&mut rows, self.consumer("build"), limit / 2).await?;
         let fits = build.overflow.is_none();
-        if fits || union_over_build(*self.join.join_type()) {
+        if fits {
+            return self.inner_join(
+                build.into_build(build_schema),
+                OneShotExec::new(probe_schema, part.probe_stream()?),
+            );
+        }
+        if union_over_build(*self.join.join_type()) {
             let rows = build.chain(build_schema.clone(), rows);
-            if fits {
-                return self.inner_join(
-                    OneShotExec::new(build_schema, rows),
-                    OneShotExec::new(probe_schema, part.probe_stream()?),
-                );
-            }
             return Ok(self.block_nested_loop(rows, part, limit / 2));
         }
         // Memory goes back before the build side is read again.
@@ -625,7 +655,7 @@ impl JoinRun {
         if self.build_keys_only() {
             if let Some(distinct) = self.distinct_build(&part, limit / 2).await? {
                 return self.inner_join(
-                    OneShotExec::new(build_schema, distinct),
+                    distinct,
                     OneShotExec::new(probe_schema, part.probe_stream()?),
                 );
             }
@@ -635,8 +665,7 @@ impl JoinRun {
             let probe = Prefix::read(&mut probe_rows, self.consumer("probe"), limit / 4).await?;
             if probe.overflow.is_none() {
                 self.swapped_roles.add(1);
-                let probe_rows = probe.chain(probe_schema, probe_rows);
-                return self.swapped_join(part.build_stream()?, probe_rows);
+                return self.swapped_join(part.build_stream()?, probe.into_build(probe_schema));
             }
         }
         Err(self.skew_error(&part).await)
@@ -664,13 +693,14 @@ impl JoinRun {
             };
             run.skew.pieces.add(1);
             let (batches, reservation) = piece;
-            let build_schema = part.build_spill.schema().clone();
+            let build = HeldBuild {
+                schema: part.build_spill.schema().clone(),
+                batches,
+                reservation,
+            };
             let joined = part.probe_stream().and_then(|probe| {
                 run.inner_join(
-                    OneShotExec::new(
-                        build_schema.clone(),
-                        reserved_stream(build_schema, batches, reservation, build_cost),
-                    ),
+                    build,
                     OneShotExec::new(part.probe_spill.schema().clone(), probe),
                 )
             });
@@ -759,7 +789,7 @@ impl JoinRun {
         &self,
         part: &SpilledPartition,
         cap: usize,
-    ) -> DfResult<Option<SendableRecordBatchStream>> {
+    ) -> DfResult<Option<HeldBuild>> {
         let schema = part.build_spill.schema().clone();
         let keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
         let mut distinct = DistinctKeys::new(keys, &schema)?;
@@ -777,10 +807,16 @@ impl JoinRun {
             dropped += batch.num_rows() - new.as_ref().map_or(0, RecordBatch::num_rows);
             kept.extend(new);
         }
-        // The set of keys is dropped here; `reserved_stream` gives its share back.
+        // The set of keys is dropped here and its share given back.
         drop(distinct);
+        let rows: usize = kept.iter().map(build_cost).sum();
+        reservation.shrink(reservation.size().saturating_sub(rows));
         self.skew.duplicates.add(dropped);
-        Ok(Some(reserved_stream(schema, kept, reservation, build_cost)))
+        Ok(Some(HeldBuild {
+            schema,
+            batches: kept,
+            reservation,
+        }))
     }
 
     /// [`crate::Error::Skew`] for a build partition that nothing lets this join
@@ -932,6 +968,7 @@ mod tests {
     use crate::query::{QueryOutput, QuerySession};
     use arrow_array::{ArrayRef, Int64Array, StringArray};
     use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 
     /// Rows of each table.
     const ROWS: i64 = 40_000;
@@ -1028,6 +1065,99 @@ mod tests {
         assert_eq!(out.stats().spill_files, 0);
         assert_eq!(join_metric(&out, "swapped_roles"), 0);
         assert_eq!(join_metric(&out, "spilled_partitions"), 0);
+    }
+
+    /// A pool in which an operator running beside the one under test takes all the
+    /// free memory the moment anything is given back, and keeps it.
+    #[derive(Debug)]
+    struct GrabbingPool {
+        inner: Arc<dyn MemoryPool>,
+        limit: usize,
+        grabbed: std::sync::Mutex<Option<MemoryReservation>>,
+    }
+
+    impl GrabbingPool {
+        fn new(limit: usize) -> Arc<Self> {
+            let inner: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(limit));
+            let grabbed = MemoryConsumer::new("operator beside").register(&inner);
+            Arc::new(GrabbingPool {
+                inner,
+                limit,
+                grabbed: std::sync::Mutex::new(Some(grabbed)),
+            })
+        }
+
+        fn grabbed(&self) -> usize {
+            self.grabbed.lock().unwrap().as_ref().map_or(0, |r| r.size())
+        }
+    }
+
+    impl fmt::Display for GrabbingPool {
+        fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "grabbing({})", self.inner)
+        }
+    }
+
+    impl MemoryPool for GrabbingPool {
+        fn name(&self) -> &str {
+            "grabbing"
+        }
+        fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+            self.inner.grow(reservation, additional);
+        }
+        fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+            self.inner.shrink(reservation, shrink);
+            if let Some(grabbed) = self.grabbed.lock().unwrap().as_ref() {
+                grabbed.grow(self.limit.saturating_sub(self.inner.reserved()));
+            }
+        }
+        fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
+            self.inner.try_grow(reservation, additional)
+        }
+        fn reserved(&self) -> usize {
+            self.inner.reserved()
+        }
+        fn memory_limit(&self) -> MemoryLimit {
+            MemoryLimit::Finite(self.limit)
+        }
+    }
+
+    #[test]
+    fn a_build_side_that_fits_keeps_its_memory_for_the_join_building_on_it() {
+        let (env, frames) = env_and_frames();
+        let (_, want) = run(&env, &frames, None, SQL);
+        // Small's rows cost 2 x 160 KB built: within half of 2 MiB.
+        let budget = 2 << 20;
+        let env = env.with_budget(Budget::from_limit(Some(budget as u64)).unwrap());
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        for (name, frame) in &frames {
+            session.register(name, frame).unwrap();
+        }
+        let (_, plan) = session.plan(SQL).unwrap();
+        let pool = GrabbingPool::new(budget);
+        let task = session.ctx.task_ctx();
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::from_runtime_env(
+            &task.runtime_env(),
+        )
+        .with_memory_pool(pool.clone())
+        .build_arc()
+        .unwrap();
+        let task = Arc::try_unwrap(task).unwrap().with_runtime(runtime);
+        let task = Arc::new(task);
+        // Had the build side's memory been given back as the wrapped join took its
+        // rows, the operator beside would have taken it and the join, which cannot
+        // spill, would have failed to allocate its table.
+        let batches = session
+            .runtime
+            .block_on(datafusion::physical_plan::collect(plan, task))
+            .unwrap();
+        let got = crate::interop::from_record_batches(&batches).unwrap();
+        let first = got.get_column_names()[0].clone();
+        let got = got.sort([first], SortMultipleOptions::default()).unwrap();
+        assert!(got.equals_missing(&want));
+        assert!(pool.grabbed() > 0, "the join's memory went back at its end");
+        *pool.grabbed.lock().unwrap() = None;
+        assert_eq!(pool.reserved(), 0, "nothing left reserved");
     }
 
     #[test]
