@@ -1,11 +1,14 @@
 //! Column chunks to and from their Arrow buffers.
 //!
-//! Writing borrows the buffers of arrow-rs arrays (no re-encoding: primitive values,
-//! string views and their data buffers go out as they are; only bitmaps with a bit
-//! offset are re-packed). Reading fills typed local vectors straight from the
-//! transport and wraps them as arrow-rs arrays without another copy; every array is
-//! built through the checked constructors, so corrupted remote bytes give an error,
-//! never undefined behaviour.
+//! Writing borrows the buffers of arrow-rs arrays where it can (string views and their
+//! data buffers, floats, and integers spanning a wide range go out as they are; only
+//! bitmaps with a bit offset are re-packed). Integers, dates and decimals whose chunk
+//! spans a small range are packed ([`Packing`]): the offsets from the chunk's
+//! smallest value in 1, 2, 4 or 8 bytes. Reading fills typed local vectors straight
+//! from the transport and wraps them as arrow-rs arrays without another copy (packed
+//! values are unpacked into a vector of their type, one pass); every array is built
+//! through the checked constructors, so corrupted remote bytes give an error, never
+//! undefined behaviour.
 
 use std::sync::Arc;
 
@@ -20,7 +23,7 @@ use arrow_schema::DataType;
 use datafusion::arrow::compute;
 
 use crate::error::{Error, Result};
-use crate::meta::{ColumnChunk, ColumnStats, ColumnType, MAX_STAT_STRING};
+use crate::meta::{ColumnChunk, ColumnStats, ColumnType, Packing, MAX_STAT_STRING};
 
 /// The storable type of an arrow-rs data type. Strings of any Arrow layout are stored
 /// as views (see [`storable`]).
@@ -141,13 +144,103 @@ fn column_stats(array: &ArrayRef, dtype: ColumnType) -> Option<ColumnStats> {
     Some(ColumnStats { min, max })
 }
 
+/// The values of `array` (of type `dtype`) packed, when their range packs them into
+/// fewer bytes than their type's: the packing and the packed values.
+fn pack(array: &ArrayRef, dtype: ColumnType) -> Option<(Packing, Buffer)> {
+    fn packed<T>(array: &ArrayRef, width: u64) -> Option<(Packing, Buffer)>
+    where
+        T: datafusion::arrow::datatypes::ArrowNumericType,
+        T::Native: Into<i128>,
+    {
+        let a = array.as_primitive_opt::<T>()?;
+        let lo: i128 = compute::min(a)?.into();
+        let hi: i128 = compute::max(a)?.into();
+        let bytes = match hi.checked_sub(lo)? {
+            r if r <= i128::from(u8::MAX) => 1,
+            r if r <= i128::from(u16::MAX) => 2,
+            r if r <= i128::from(u32::MAX) => 4,
+            r if r <= i128::from(u64::MAX) => 8,
+            _ => return None,
+        };
+        if bytes >= width {
+            return None;
+        }
+        let base = i64::try_from(lo).ok()?;
+        let values = a.values();
+        // A null's slot holds whatever its array had there: 0 is stored instead.
+        let offset = |i: usize| -> u64 {
+            match a.nulls() {
+                Some(n) if n.is_null(i) => 0,
+                _ => (values[i].into() - lo) as u64,
+            }
+        };
+        let rows = 0..a.len();
+        let buffer = match bytes {
+            1 => Buffer::from_vec(rows.map(|i| offset(i) as u8).collect::<Vec<u8>>()),
+            2 => Buffer::from_vec(rows.map(|i| offset(i) as u16).collect::<Vec<u16>>()),
+            4 => Buffer::from_vec(rows.map(|i| offset(i) as u32).collect::<Vec<u32>>()),
+            _ => Buffer::from_vec(rows.map(offset).collect::<Vec<u64>>()),
+        };
+        let width = u8::try_from(bytes).ok()?;
+        Some((Packing { base, width }, buffer))
+    }
+    let width = dtype.width()?;
+    match dtype {
+        ColumnType::Int16 => packed::<Int16Type>(array, width),
+        ColumnType::Int32 => packed::<Int32Type>(array, width),
+        ColumnType::Date => packed::<Date32Type>(array, width),
+        ColumnType::Int64 => packed::<Int64Type>(array, width),
+        ColumnType::UInt16 => packed::<UInt16Type>(array, width),
+        ColumnType::UInt32 => packed::<UInt32Type>(array, width),
+        ColumnType::UInt64 => packed::<UInt64Type>(array, width),
+        ColumnType::Decimal { .. } => packed::<Decimal128Type>(array, width),
+        _ => None,
+    }
+}
+
+/// Packed values (`packed`, one offset per row, in a destination of their width)
+/// unpacked into a destination of `dtype`'s values.
+fn unpack(name: &str, dtype: ColumnType, packing: Packing, packed: Dest) -> Result<Dest> {
+    let wrong = || {
+        Error::Meta(format!(
+            "column {name:?} ({dtype}): packed values of the wrong kind"
+        ))
+    };
+    // `base` is checked against the type when the metadata is validated; offsets
+    // beyond the type (corrupted memory) wrap rather than fail.
+    macro_rules! widen {
+        ($t:ty) => {{
+            let base = packing.base as $t;
+            match &packed {
+                Dest::Bytes(v) => v.iter().map(|&o| base.wrapping_add(o as $t)).collect(),
+                Dest::U16(v) => v.iter().map(|&o| base.wrapping_add(o as $t)).collect(),
+                Dest::U32(v) => v.iter().map(|&o| base.wrapping_add(o as $t)).collect(),
+                Dest::U64(v) => v.iter().map(|&o| base.wrapping_add(o as $t)).collect(),
+                _ => return Err(wrong()),
+            }
+        }};
+    }
+    Ok(match dtype {
+        ColumnType::Int16 => Dest::I16(widen!(i16)),
+        ColumnType::Int32 | ColumnType::Date => Dest::I32(widen!(i32)),
+        ColumnType::Int64 => Dest::I64(widen!(i64)),
+        ColumnType::UInt16 => Dest::U16(widen!(u16)),
+        ColumnType::UInt32 => Dest::U32(widen!(u32)),
+        ColumnType::UInt64 => Dest::U64(widen!(u64)),
+        ColumnType::Decimal { .. } => Dest::I128(widen!(i128)),
+        _ => return Err(wrong()),
+    })
+}
+
 /// One column of one chunk, ready to be written: its buffers in stored order (shared
-/// with the array they came from, or re-packed bitmaps).
+/// with the array they came from, re-packed bitmaps, or packed values).
 pub struct EncodedColumn {
     /// Nulls.
     pub null_count: u64,
     /// Smallest and largest value, when known (see [`ColumnStats`]).
     pub stats: Option<ColumnStats>,
+    /// How the values are packed (`None`: as they are).
+    pub packing: Option<Packing>,
     buffers: Vec<Buffer>,
 }
 
@@ -184,7 +277,10 @@ impl EncodedColumn {
                 .map(|p| p.values().inner().clone())
                 .unwrap_or_default()
         }
+        let packed = pack(&array, dtype);
+        let packing = packed.as_ref().map(|(p, _)| *p);
         match dtype {
+            _ if packed.is_some() => buffers.extend(packed.map(|(_, b)| b)),
             ColumnType::Null => {}
             ColumnType::Boolean => buffers.push(
                 array
@@ -214,6 +310,7 @@ impl EncodedColumn {
         Ok(EncodedColumn {
             null_count,
             stats: column_stats(&array, dtype),
+            packing,
             buffers,
         })
     }
@@ -304,6 +401,15 @@ pub fn destinations(dtype: ColumnType, rows: usize, cc: &ColumnChunk) -> Vec<Des
     let mut first = true;
     for b in bufs {
         let len = b.len as usize;
+        if let Some(p) = cc.packing {
+            out.push(match p.width {
+                2 => Dest::U16(vec![0; rows]),
+                4 => Dest::U32(vec![0; rows]),
+                8 => Dest::U64(vec![0; rows]),
+                _ => Dest::Bytes(vec![0; len]),
+            });
+            continue;
+        }
         let d = match (dtype, first) {
             (ColumnType::Int8, _) => Dest::I8(vec![0; rows]),
             (ColumnType::Int16, _) => Dest::I16(vec![0; rows]),
@@ -372,9 +478,12 @@ pub fn decode(
     } else {
         None
     };
-    let values = it
+    let mut values = it
         .next()
         .ok_or_else(|| Error::Meta(format!("column {name:?} ({dtype}): values buffer missing")))?;
+    if let Some(p) = cc.packing {
+        values = unpack(name, dtype, p, values)?;
+    }
     let wrong = || {
         Error::Meta(format!(
             "column {name:?} ({dtype}): buffer of the wrong kind"

@@ -427,7 +427,7 @@ impl<T: Send + 'static> Batches<T> {
         let mut start = 0;
         let mut bytes = 0u64;
         for (k, c) in frame.meta.chunks.iter().enumerate() {
-            let b = chunk_column_bytes(c, &cols);
+            let b = chunk_column_bytes(&frame.meta.schema, c, &cols);
             if k > start && bytes + b > batch_bytes {
                 groups.push(start..k);
                 start = k;
@@ -451,7 +451,7 @@ impl<T: Send + 'static> Batches<T> {
         if let Some(g) = self.groups.next() {
             let bytes: u64 = self.frame.meta.chunks[g.clone()]
                 .iter()
-                .map(|c| chunk_column_bytes(c, &self.cols))
+                .map(|c| chunk_column_bytes(&self.frame.meta.schema, c, &self.cols))
                 .sum();
             let held = self.frame.env.hold(bytes);
             let f = self.frame.clone();
@@ -635,6 +635,7 @@ impl FrameWriter {
                 null_count: e.null_count,
                 buffers,
                 stats: e.stats.clone(),
+                packing: e.packing,
             });
         }
         let element = self.env.next_element()?;

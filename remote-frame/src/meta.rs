@@ -9,9 +9,13 @@ use crate::seal::Seal;
 
 /// Version of the metadata and layout described here; a frame written by another
 /// version is refused rather than misread. Version 2 frames carry a [`Seal`] (the chunk
-/// layout is version 1's); version 1 metadata, written before frames were sealed, is
-/// refused, as its memory cannot be checked.
-pub const LAYOUT_VERSION: u32 = 2;
+/// layout is version 1's); version 3 frames may store values packed ([`Packing`]), and
+/// this build reads version 2 too (nothing in it is packed). Version 1 metadata,
+/// written before frames were sealed, is refused, as its memory cannot be checked.
+pub const LAYOUT_VERSION: u32 = 3;
+
+/// The oldest layout version this build reads.
+pub const OLDEST_READABLE_VERSION: u32 = 2;
 
 /// Alignment of every buffer inside a chunk's remote allocation (and of the local
 /// buffers it is read into), so copies run at full speed.
@@ -93,6 +97,31 @@ impl ColumnType {
         })
     }
 
+    /// Whether chunks of this type may store their values packed ([`Packing`]):
+    /// integers of 16 bits and more, dates and decimals.
+    pub fn packable(self) -> bool {
+        use ColumnType::*;
+        matches!(
+            self,
+            Int16 | Int32 | Int64 | UInt16 | UInt32 | UInt64 | Date | Decimal { .. }
+        )
+    }
+
+    /// The smallest and largest value of this type, for packable types.
+    pub fn value_range(self) -> Option<(i128, i128)> {
+        use ColumnType::*;
+        Some(match self {
+            Int16 => (i16::MIN.into(), i16::MAX.into()),
+            Int32 | Date => (i32::MIN.into(), i32::MAX.into()),
+            Int64 => (i64::MIN.into(), i64::MAX.into()),
+            UInt16 => (0, u16::MAX.into()),
+            UInt32 => (0, u32::MAX.into()),
+            UInt64 => (0, u64::MAX.into()),
+            Decimal { .. } => (i128::MIN, i128::MAX),
+            _ => return None,
+        })
+    }
+
     /// Bytes per value of the values buffer, for fixed-width types.
     pub fn width(self) -> Option<u64> {
         use ColumnType::*;
@@ -152,6 +181,39 @@ pub struct ColumnChunk {
     /// (frames written before statistics were kept have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<ColumnStats>,
+    /// How the values are packed (`None`: stored as themselves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<Packing>,
+}
+
+impl ColumnChunk {
+    /// Bytes stored (and moved when read).
+    pub fn stored_bytes(&self) -> u64 {
+        self.buffers.iter().map(|b| b.len).sum()
+    }
+
+    /// Bytes the column chunk takes in local memory once read (`dtype` is its
+    /// column's type, `rows` its chunk's rows): packed values are unpacked.
+    pub fn local_bytes(&self, dtype: ColumnType, rows: u64) -> u64 {
+        let stored = self.stored_bytes();
+        match (&self.packing, self.buffers.last(), dtype.width()) {
+            (Some(_), Some(values), Some(width)) => stored - values.len + rows * width,
+            _ => stored,
+        }
+    }
+}
+
+/// Packed values: each value's difference from `base`, as an unsigned integer of
+/// `width` bytes (1, 2, 4 or 8; narrower than the type). A chunk whose values span a
+/// small range (keys, dates, quantities, prices) is stored and moved in a half to an
+/// eighth of its bytes; reading it unpacks the values into the column's own type.
+/// Slots of nulls hold 0 (they read as `base`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Packing {
+    /// The value a stored 0 stands for (the chunk's smallest).
+    pub base: i64,
+    /// Bytes per stored value.
+    pub width: u8,
 }
 
 /// The smallest and largest non-null value of one column chunk: what lets a scan
@@ -244,18 +306,34 @@ impl FrameMeta {
         self.schema.iter().map(|c| c.name.clone()).collect()
     }
 
-    /// Bytes the given columns occupy (all chunks); what reading them costs locally.
+    /// Bytes the given columns take in local memory once read (all chunks): what
+    /// reading them costs locally.
     pub fn column_bytes(&self, columns: &[usize]) -> u64 {
         self.chunks
             .iter()
-            .map(|c| chunk_column_bytes(c, columns))
+            .map(|c| chunk_column_bytes(&self.schema, c, columns))
             .sum()
     }
 
-    /// Bytes of all columns.
+    /// Bytes of all columns in local memory once read.
     pub fn data_bytes(&self) -> u64 {
         let all: Vec<usize> = (0..self.schema.len()).collect();
         self.column_bytes(&all)
+    }
+
+    /// Bytes the given columns take as stored in the memory elements (all chunks):
+    /// what reading them moves. Packed values take fewer than they do once read.
+    pub fn column_stored_bytes(&self, columns: &[usize]) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| chunk_column_stored_bytes(c, columns))
+            .sum()
+    }
+
+    /// Bytes of all columns as stored in the memory elements.
+    pub fn stored_bytes(&self) -> u64 {
+        let all: Vec<usize> = (0..self.schema.len()).collect();
+        self.column_stored_bytes(&all)
     }
 
     /// Checks the metadata for consistency: version, a seal, unique column names, row counts,
@@ -270,16 +348,17 @@ impl FrameMeta {
                 "metadata version 1 (written before frames were sealed, so its memory cannot be checked); this build opens version {LAYOUT_VERSION}: write the frame again"
             ));
         }
-        if self.version != LAYOUT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=LAYOUT_VERSION).contains(&self.version) {
             return bad(format!(
-                "layout version {} (this build reads version {LAYOUT_VERSION})",
+                "layout version {} (this build reads versions {OLDEST_READABLE_VERSION} to {LAYOUT_VERSION})",
                 self.version
             ));
         }
         match &self.seal {
             None => {
                 return bad(format!(
-                    "version {LAYOUT_VERSION} metadata without its seal"
+                    "version {} metadata without its seal",
+                    self.version
                 ))
             }
             Some(s) if s.chunk_heads.len() != self.chunks.len() => {
@@ -315,6 +394,12 @@ impl FrameMeta {
                 return bad(format!("chunk {k}: address range overflows"));
             }
             for (col, cc) in self.schema.iter().zip(&ch.columns) {
+                if cc.packing.is_some() && self.version < 3 {
+                    return bad(format!(
+                        "chunk {k}, column {:?}: packed values in a version {} frame (packing came with version 3)",
+                        col.name, self.version
+                    ));
+                }
                 validate_column(k, ch, col, cc)?;
             }
         }
@@ -328,12 +413,21 @@ impl FrameMeta {
     }
 }
 
-pub(crate) fn chunk_column_bytes(c: &ChunkMeta, columns: &[usize]) -> u64 {
+/// Bytes columns `columns` of chunk `c` take in local memory once read (`schema`: the
+/// frame's; indices past it, such as a computed row index, count nothing).
+pub(crate) fn chunk_column_bytes(schema: &[ColumnMeta], c: &ChunkMeta, columns: &[usize]) -> u64 {
+    columns
+        .iter()
+        .filter_map(|&i| Some(c.columns.get(i)?.local_bytes(schema.get(i)?.dtype, c.rows)))
+        .sum()
+}
+
+/// Bytes columns `columns` of chunk `c` take as stored: what reading them moves.
+pub(crate) fn chunk_column_stored_bytes(c: &ChunkMeta, columns: &[usize]) -> u64 {
     columns
         .iter()
         .filter_map(|&i| c.columns.get(i))
-        .flat_map(|cc| cc.buffers.iter())
-        .map(|b| b.len)
+        .map(ColumnChunk::stored_bytes)
         .sum()
 }
 
@@ -400,7 +494,20 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
             }
         }
         t => {
-            let w = t.width().unwrap_or(1);
+            let mut w = t.width().unwrap_or(1);
+            if let Some(p) = cc.packing {
+                let packed = u64::from(p.width);
+                if !t.packable() || !matches!(packed, 1 | 2 | 4 | 8) || packed >= w {
+                    return bad(format!(
+                        "values packed in {packed} bytes (a {t} column packs into 1, 2, 4 or 8 bytes, fewer than its {w}, if at all)"
+                    ));
+                }
+                let (lo, hi) = t.value_range().unwrap_or((0, 0));
+                if !(lo..=hi).contains(&i128::from(p.base)) {
+                    return bad(format!("packing base {} is not a {t} value", p.base));
+                }
+                w = packed;
+            }
             if rest.len() != 1 || rest[0].len != ch.rows * w {
                 return bad(format!(
                     "expected one values buffer of {} bytes",

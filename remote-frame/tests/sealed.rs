@@ -303,7 +303,7 @@ fn a_failed_write_leaves_nothing_allocated() {
     let env = FrameEnv::new(elements).with_chunk_rows(1000);
     let before = available(&env);
     // Chunks fit until the element is full: the chunks written are freed.
-    let err = RemoteFrame::from_polars(&env, &table(20_000)).unwrap_err();
+    let err = RemoteFrame::from_polars(&env, &table(100_000)).unwrap_err();
     assert!(matches!(err, Error::Array(_)), "{err}");
     assert_eq!(available(&env), before);
     // A writer dropped before it finishes frees its chunks.

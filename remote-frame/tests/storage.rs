@@ -73,7 +73,7 @@ fn projection_reads_only_its_columns_and_batches_cover_all_rows() {
     let idx = frame.column_indices(&["qty", "name"]).unwrap();
     assert_eq!(
         moved,
-        frame.meta().column_bytes(&idx),
+        frame.meta().column_stored_bytes(&idx),
         "only the projected buffers move"
     );
     assert!(moved < frame.data_bytes() / 2);
@@ -144,9 +144,10 @@ fn metadata_round_trips_and_bad_metadata_is_refused() {
         RemoteFrame::from_json(&env, &json.replace("\"int64\"", "\"int65\"")),
         Err(Error::MetaJson(_))
     ));
-    // A type swapped for one of another width is caught by the buffer sizes.
+    // A type swapped for one of another width is caught by the buffer sizes (prices
+    // are floats: never packed).
     let err =
-        RemoteFrame::from_json(&env, &json.replacen("\"int64\"", "\"int32\"", 1)).unwrap_err();
+        RemoteFrame::from_json(&env, &json.replacen("\"float64\"", "\"int32\"", 1)).unwrap_err();
     assert!(matches!(err, Error::Meta(_)), "{err}");
 }
 
@@ -308,4 +309,252 @@ fn float_bounds_read_back_exactly() {
         let max = rows.iter().copied().fold(f64::MIN, f64::max);
         assert_eq!(stats.max.as_f64().map(f64::to_bits), Some(max.to_bits()));
     }
+}
+
+/// Columns of every packable type whose chunks span ranges that pack into 1, 2, 4
+/// and 8 bytes, or not at all; nulls over values far outside those ranges.
+fn packable_batch() -> arrow_array::RecordBatch {
+    use arrow_array::types::*;
+    use arrow_array::{ArrayRef, Decimal128Array, PrimitiveArray};
+    use arrow_buffer::NullBuffer;
+    use std::sync::Arc;
+    const ROWS: usize = 300;
+    // Every seventh row null, its slot holding the type's largest value.
+    let nulls = NullBuffer::from((0..ROWS).map(|i| i % 7 != 3).collect::<Vec<_>>());
+    fn column<T: arrow_array::ArrowPrimitiveType>(
+        values: impl Fn(usize) -> T::Native,
+        hidden: T::Native,
+        nulls: Option<NullBuffer>,
+    ) -> PrimitiveArray<T> {
+        let v: Vec<T::Native> = (0..ROWS)
+            .map(|i| match &nulls {
+                Some(n) if n.is_null(i) => hidden,
+                _ => values(i),
+            })
+            .collect();
+        PrimitiveArray::<T>::new(v.into(), nulls)
+    }
+    let n = || Some(nulls.clone());
+    let i = |i: usize| i as i64;
+    let cols: Vec<(&str, ArrayRef)> = vec![
+        // 1000..1250: one byte each.
+        (
+            "i64_w1",
+            Arc::new(column::<Int64Type>(|r| 1000 + i(r) % 250, i64::MAX, n())),
+        ),
+        // -30000..: two bytes.
+        (
+            "i64_w2",
+            Arc::new(column::<Int64Type>(|r| -30_000 + 200 * i(r), i64::MIN, n())),
+        ),
+        // Four bytes, no nulls.
+        (
+            "i64_w4",
+            Arc::new(column::<Int64Type>(|r| 1 << 40 | i(r) << 20, 0, None)),
+        ),
+        // The whole range: as is.
+        (
+            "i64_wide",
+            Arc::new(column::<Int64Type>(
+                |r| {
+                    if r % 2 == 0 {
+                        i64::MIN + i(r)
+                    } else {
+                        i64::MAX - i(r)
+                    }
+                },
+                0,
+                n(),
+            )),
+        ),
+        (
+            "i32_w2",
+            Arc::new(column::<Int32Type>(|r| -5 - 100 * r as i32, i32::MAX, n())),
+        ),
+        (
+            "date_w2",
+            Arc::new(column::<Date32Type>(
+                |r| 2_450_000 + r as i32,
+                i32::MIN,
+                n(),
+            )),
+        ),
+        (
+            "i16_w1",
+            Arc::new(column::<Int16Type>(
+                |r| -100 + (r % 200) as i16,
+                i16::MAX,
+                n(),
+            )),
+        ),
+        (
+            "u64_w2",
+            Arc::new(column::<UInt64Type>(|r| (1 << 40) + 200 * r as u64, 0, n())),
+        ),
+        (
+            "u32_w1",
+            Arc::new(column::<UInt32Type>(
+                |r| 7 + (r % 50) as u32,
+                u32::MAX,
+                None,
+            )),
+        ),
+        (
+            "u16_w1",
+            Arc::new(column::<UInt16Type>(|r| 60_000 + (r % 200) as u16, 0, n())),
+        ),
+        (
+            "dec_w4",
+            Arc::new(
+                column::<Decimal128Type>(|r| 123_456 * r as i128 - 9_999_999, i128::MAX, n())
+                    .with_precision_and_scale(12, 2)
+                    .unwrap(),
+            ),
+        ),
+        (
+            "dec_w8",
+            Arc::new(
+                column::<Decimal128Type>(|r| (1i128 << 50) * r as i128, i128::MIN, n())
+                    .with_precision_and_scale(38, 0)
+                    .unwrap(),
+            ),
+        ),
+        (
+            "dec_wide",
+            Arc::new(Decimal128Array::from(vec![i128::MAX / 2, -(i128::MAX / 2)]).slice(0, 2)),
+        ),
+    ];
+    // All columns ROWS long but the last: repeat it.
+    let cols: Vec<(&str, ArrayRef)> = cols
+        .into_iter()
+        .map(|(name, a)| {
+            if a.len() == ROWS {
+                (name, a)
+            } else {
+                let idx = arrow_array::UInt32Array::from(
+                    (0..ROWS as u32).map(|r| r % 2).collect::<Vec<_>>(),
+                );
+                (
+                    name,
+                    datafusion::arrow::compute::take(a.as_ref(), &idx, None).unwrap(),
+                )
+            }
+        })
+        .collect();
+    arrow_array::RecordBatch::try_from_iter(cols).unwrap()
+}
+
+#[test]
+fn small_ranges_are_packed_and_read_back_exactly() {
+    for backend in [Backend::Tcp, Backend::Local] {
+        let e = env(backend, 8 << 20);
+        let env = e.env.with_chunk_rows(300);
+        let batch = packable_batch();
+        let frame = RemoteFrame::from_record_batches(&env, std::slice::from_ref(&batch)).unwrap();
+        let chunk = &frame.meta().chunks[0];
+        let widths: Vec<Option<u8>> = chunk
+            .columns
+            .iter()
+            .map(|c| c.packing.map(|p| p.width))
+            .collect();
+        assert_eq!(
+            widths,
+            [
+                Some(1),
+                Some(2),
+                Some(4),
+                None,
+                Some(2),
+                Some(2),
+                Some(1),
+                Some(2),
+                Some(1),
+                Some(1),
+                Some(4),
+                Some(8),
+                None
+            ],
+            "{backend:?}"
+        );
+        // The smallest valid value is the base: nulls' slots do not count.
+        let first = chunk.columns[0].packing.unwrap();
+        assert_eq!(first.base, 1000);
+        let local = frame.data_bytes();
+        let stored = frame.meta().stored_bytes();
+        assert!(stored * 10 < local * 6, "{stored} stored of {local}");
+        env.reset_stats();
+        let back = frame.to_record_batches().unwrap();
+        assert_eq!(env.stats().bytes_in, stored, "reading moves what is stored");
+        assert_eq!(back.len(), 1);
+        for (k, (got, want)) in back[0].columns().iter().zip(batch.columns()).enumerate() {
+            assert_eq!(got.as_ref(), want.as_ref(), "{backend:?}: column {k}");
+        }
+        // One column alone moves its packed bytes only.
+        env.reset_stats();
+        let one: Vec<_> = frame
+            .record_batches(Some(&["i64_w1"]), u64::MAX)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+            .concat();
+        assert_eq!(one[0].column(0).as_ref(), batch.column(0).as_ref());
+        assert_eq!(
+            env.stats().bytes_in,
+            300 + 38,
+            "one byte a row, and the validity bitmap"
+        );
+    }
+}
+
+#[test]
+fn bad_packing_metadata_is_refused() {
+    let e = env(Backend::Local, 8 << 20);
+    let env = e.env.with_chunk_rows(300);
+    let frame = RemoteFrame::from_record_batches(&env, &[packable_batch()]).unwrap();
+    let meta = frame.meta().clone();
+    let expect_meta = |m: FrameMeta, needle: &str| {
+        let err = RemoteFrame::open(&env, m).unwrap_err();
+        assert!(matches!(err, Error::Meta(_)), "{err}");
+        assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
+    };
+    let packing =
+        |m: &mut FrameMeta, col: usize| m.chunks[0].columns[col].packing.as_mut().unwrap().clone();
+    // A width that is none of 1, 2, 4, 8 (the buffer is 2 bytes a row).
+    let mut m = meta.clone();
+    let mut p = packing(&mut m, 1);
+    p.width = 3;
+    m.chunks[0].columns[1].packing = Some(p);
+    expect_meta(m, "packed in 3 bytes");
+    // No narrower than the type: an i64 column packed in 8 bytes.
+    let mut m = meta.clone();
+    let mut p = packing(&mut m, 2);
+    p.width = 8;
+    m.chunks[0].columns[2].packing = Some(p);
+    expect_meta(m, "packed in 8 bytes");
+    // The wrong buffer size for the width.
+    let mut m = meta.clone();
+    let mut p = packing(&mut m, 1);
+    p.width = 4;
+    m.chunks[0].columns[1].packing = Some(p);
+    expect_meta(m, "values buffer of 1200 bytes");
+    // A base outside the type (i16).
+    let mut m = meta.clone();
+    let mut p = packing(&mut m, 6);
+    p.base = 40_000;
+    m.chunks[0].columns[6].packing = Some(p);
+    expect_meta(m, "base 40000");
+    // Unsigned types have no negative base.
+    let mut m = meta.clone();
+    let mut p = packing(&mut m, 8);
+    p.base = -1;
+    m.chunks[0].columns[8].packing = Some(p);
+    expect_meta(m, "base -1");
+    // Packing on a column of a type that is never packed.
+    let mut m = meta.clone();
+    m.schema[1].dtype = scad_remote_frame::ColumnType::Float64;
+    expect_meta(m, "float64 column");
+    // Version 2 frames predate packing.
+    let mut m = meta.clone();
+    m.version = 2;
+    expect_meta(m, "version 2");
 }

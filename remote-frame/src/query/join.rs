@@ -68,8 +68,8 @@ use super::grace::{
     Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::JoinKeyFilter;
-use super::reserved_pool::ReservedPool;
 use super::operator::replace_each;
+use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
 /// Replaces DataFusion's hash joins by [`SpillingHashJoinExec`] (a physical optimizer
@@ -1088,7 +1088,11 @@ mod tests {
         }
 
         fn grabbed(&self) -> usize {
-            self.grabbed.lock().unwrap().as_ref().map_or(0, |r| r.size())
+            self.grabbed
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map_or(0, |r| r.size())
         }
     }
 

@@ -39,7 +39,7 @@ use futures::StreamExt;
 use super::owned::owned_batch;
 use super::stats::ChunkStatistics;
 use crate::frame::RemoteFrame;
-use crate::meta::chunk_column_bytes;
+use crate::meta::chunk_column_stored_bytes;
 
 /// A [`RemoteFrame`] as a DataFusion table.
 #[derive(Debug)]
@@ -91,7 +91,11 @@ impl RemoteTable {
                 )
             }
         };
-        let stats = Arc::new(ChunkStatistics::new(schema.clone(), chunks));
+        let stats = Arc::new(ChunkStatistics::new(
+            schema.clone(),
+            &frame.meta().schema,
+            chunks,
+        ));
         Ok(RemoteTable {
             frame,
             schema,
@@ -169,10 +173,7 @@ impl TableProvider for RemoteTable {
     fn statistics(&self) -> Option<Statistics> {
         let chunks: Vec<usize> = (0..self.frame.chunk_count()).collect();
         let columns: Vec<usize> = (0..self.schema.fields().len()).collect();
-        Some(
-            self.stats
-                .for_planner(&self.frame.meta().chunks, &chunks, &columns),
-        )
+        Some(self.stats.for_planner(self.frame.meta(), &chunks, &columns))
     }
 }
 
@@ -287,7 +288,7 @@ impl ExecutionPlan for RemoteScanExec {
         Ok(Arc::new(match args.partition() {
             None => self
                 .stats
-                .for_planner(&self.frame.meta().chunks, &self.chunks, &self.columns),
+                .for_planner(self.frame.meta(), &self.chunks, &self.columns),
             Some(_) => Statistics::new_unknown(&self.schema),
         }))
     }
@@ -558,7 +559,8 @@ impl ScanState {
                 }
             }
             let reader = self.reader.clone();
-            let bytes = chunk_column_bytes(&reader.frame.meta().chunks[chunk], &reader.columns);
+            let bytes =
+                chunk_column_stored_bytes(&reader.frame.meta().chunks[chunk], &reader.columns);
             let check = !std::mem::replace(&mut self.sealed, true);
             let read = move || {
                 if check {

@@ -16,10 +16,10 @@ use datafusion::physical_expr::utils::reassign_expr_columns;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 
-use crate::meta::{chunk_column_bytes, ChunkMeta, ColumnStats};
+use crate::meta::{chunk_column_bytes, ChunkMeta, ColumnMeta, ColumnStats, FrameMeta};
 
 /// The statistics of every chunk of a frame, over all of its columns (`schema` is the
-/// frame's whole schema).
+/// frame's whole schema, `stored` its stored columns).
 #[derive(Debug)]
 pub(crate) struct ChunkStatistics {
     schema: SchemaRef,
@@ -27,7 +27,7 @@ pub(crate) struct ChunkStatistics {
 }
 
 impl ChunkStatistics {
-    pub(crate) fn new(schema: SchemaRef, chunks: &[ChunkMeta]) -> Self {
+    pub(crate) fn new(schema: SchemaRef, stored: &[ColumnMeta], chunks: &[ChunkMeta]) -> Self {
         let all: Vec<usize> = (0..schema.fields().len()).collect();
         let chunks = chunks
             .iter()
@@ -52,7 +52,7 @@ impl ChunkStatistics {
                     .collect();
                 Arc::new(Statistics {
                     num_rows: Precision::Exact(c.rows as usize),
-                    total_byte_size: Precision::Exact(chunk_column_bytes(c, &all) as usize),
+                    total_byte_size: Precision::Exact(chunk_column_bytes(stored, c, &all) as usize),
                     column_statistics: columns,
                 })
             })
@@ -94,20 +94,22 @@ impl ChunkStatistics {
         self.chunks.len()
     }
 
-    /// What the planner is told of `chunks` (of the frame whose chunks are `metas`)
-    /// read for the projected `columns`: their exact row count and bytes. Not the
+    /// What the planner is told of `chunks` (of the frame `meta`) read for the
+    /// projected `columns`: their exact row count and bytes in local memory. Not the
     /// bounds: DataFusion's filter estimates from them go badly wrong (at 150,000
     /// rows of prices from 0 to 1,000 it took `price > 10` to keep 974), and its
     /// join modes follow those estimates.
     pub(crate) fn for_planner(
         &self,
-        metas: &[ChunkMeta],
+        meta: &FrameMeta,
         chunks: &[usize],
         columns: &[usize],
     ) -> Statistics {
-        let picked = || chunks.iter().filter_map(|&i| metas.get(i));
+        let picked = || chunks.iter().filter_map(|&i| meta.chunks.get(i));
         let rows: u64 = picked().map(|c| c.rows).sum();
-        let bytes: u64 = picked().map(|c| chunk_column_bytes(c, columns)).sum();
+        let bytes: u64 = picked()
+            .map(|c| chunk_column_bytes(&meta.schema, c, columns))
+            .sum();
         let schema = self
             .schema
             .project(columns)
