@@ -313,8 +313,28 @@ impl RemoteFrame {
         cols: &[usize],
         range: std::ops::Range<usize>,
     ) -> Result<Vec<RecordBatch>> {
+        self.read_chunk_list(cols, &range.collect::<Vec<_>>())
+    }
+
+    /// Reads chunks `list` (indices, any order) of columns `cols` (schema indices):
+    /// one record batch per chunk, in `list`'s order.
+    pub(crate) fn read_chunk_list(
+        &self,
+        cols: &[usize],
+        list: &[usize],
+    ) -> Result<Vec<RecordBatch>> {
         self.check_live()?;
-        let chunks = &self.meta.chunks[range];
+        let chunks = list
+            .iter()
+            .map(|&k| {
+                self.meta.chunks.get(k).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "chunk {k} of a frame of {} chunks",
+                        self.meta.chunks.len()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let schema = &self.meta.schema;
         let batch_schema = self.arrow_schema_of(cols)?;
         // Typed destinations for every buffer wanted.
@@ -370,16 +390,18 @@ impl RemoteFrame {
         if by_element.len() <= 1 {
             by_element.into_iter().try_for_each(read_one)?;
         } else {
+            // The other elements' reads on threads of their own, the first's here.
             std::thread::scope(|s| {
-                let handles: Vec<_> = by_element
-                    .into_iter()
-                    .map(|g| s.spawn(move || read_one(g)))
-                    .collect();
-                handles.into_iter().try_for_each(|h| {
+                let mut groups = by_element.into_iter();
+                let first = groups.next();
+                let handles: Vec<_> = groups.map(|g| s.spawn(move || read_one(g))).collect();
+                let here = first.map_or(Ok(()), read_one);
+                let there = handles.into_iter().try_for_each(|h| {
                     h.join().unwrap_or_else(|_| {
                         Err(Error::InvalidArgument("a read thread panicked".into()))
                     })
-                })
+                });
+                here.and(there)
             })?;
         }
         env.add_in(total);

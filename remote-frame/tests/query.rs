@@ -368,6 +368,49 @@ fn scans_read_only_the_columns_used() {
     assert!(analyzed.contains("bytes_read="), "{analyzed}");
 }
 
+/// The sum of the scans' `reads` metric in an analyzed plan.
+fn scan_reads(analyzed: &str) -> usize {
+    analyzed
+        .lines()
+        .filter(|l| l.contains("RemoteScanExec"))
+        .filter_map(|l| l.split("reads=").nth(1))
+        .filter_map(|t| t.split([',', ']', ' ']).next()?.parse::<usize>().ok())
+        .sum()
+}
+
+#[test]
+fn scans_read_chunks_in_groups_within_the_budget() {
+    // 25 chunks of 4,096 rows; one partition.
+    let f = fixture(100_000, 10, 100, 10);
+    assert_eq!(f.frames[0].1.chunk_count(), 25);
+    let sql = "SELECT sum(qty) AS s FROM fact";
+    let unlimited = f.session_with(None, Some(1)).sql(sql).unwrap();
+    // Eight chunks a read: one hand-off and one read per memory element for them.
+    assert_eq!(
+        scan_reads(&unlimited.explain_analyze()),
+        4,
+        "{}",
+        unlimited.explain_analyze()
+    );
+    // A budget whose thirty-second is less than a chunk of `qty` (32 KiB): a chunk
+    // a read, as the rows read wait outside the budget's accounting.
+    let small = f.session_with(Some(0.1), Some(1));
+    let out = small.sql(sql).unwrap();
+    assert_eq!(scan_reads(&out.explain_analyze()), 25);
+    assert_same(
+        &out.to_polars().unwrap(),
+        &unlimited.to_polars().unwrap(),
+        "same sum",
+    );
+    // Under a limit, no chunk is read past it.
+    let out = f
+        .session_with(None, Some(1))
+        .sql("SELECT qty FROM fact LIMIT 10")
+        .unwrap();
+    assert_eq!(out.rows(), 10);
+    assert_eq!(scan_reads(&out.explain_analyze()), 1);
+}
+
 #[test]
 fn scans_skip_the_chunks_a_filter_excludes() {
     let f = fixture(40_000, 10, 100, 10);

@@ -12,6 +12,7 @@ use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, Statistics};
 use datafusion::datasource::TableType;
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
@@ -39,7 +40,7 @@ use futures::StreamExt;
 use super::owned::owned_batch;
 use super::stats::ChunkStatistics;
 use crate::frame::RemoteFrame;
-use crate::meta::chunk_column_stored_bytes;
+use crate::meta::{chunk_column_bytes, chunk_column_stored_bytes};
 
 /// A [`RemoteFrame`] as a DataFusion table.
 #[derive(Debug)]
@@ -323,7 +324,7 @@ impl ExecutionPlan for RemoteScanExec {
     fn execute(
         &self,
         partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         let range = self.ranges.get(partition).cloned().ok_or_else(|| {
             DataFusionError::Internal(format!(
@@ -341,6 +342,7 @@ impl ExecutionPlan for RemoteScanExec {
                 schema: self.schema.clone(),
                 batch_rows: self.batch_rows,
                 row_index: self.row_index.clone(),
+                group_bytes: group_bytes(context.memory_pool().memory_limit()),
             },
             self.chunks[range].to_vec(),
             self.limit,
@@ -367,6 +369,7 @@ pub(crate) fn chunk_stream(
     let baseline = BaselineMetrics::new(metrics, partition);
     let bytes_read: Count = MetricBuilder::new(metrics).counter("bytes_read", partition);
     let chunks_pruned: Count = MetricBuilder::new(metrics).counter("chunks_pruned", partition);
+    let reads: Count = MetricBuilder::new(metrics).counter("reads", partition);
     let schema = reader.schema.clone();
     let state = ScanState {
         reader,
@@ -378,6 +381,7 @@ pub(crate) fn chunk_stream(
         bytes_read,
         pruning,
         chunks_pruned,
+        reads,
     };
     let stream = futures::stream::unfold(state, |s| s.next()).map(move |b| {
         if let Ok(b) = &b {
@@ -402,23 +406,52 @@ pub(crate) struct ChunkReader {
     pub(crate) batch_rows: usize,
     /// The row index column of `schema`, if it has one (not among `columns`).
     pub(crate) row_index: Option<RowIndex>,
+    /// Local bytes read at once at most (see [`group_bytes`]).
+    pub(crate) group_bytes: u64,
+}
+
+/// Chunks read at once at most.
+const GROUP_CHUNKS: usize = 8;
+
+/// Local bytes a scan reads at once at most, under a memory pool limited to `limit`
+/// (but always a chunk): chunks read together cost one hand-off to a blocking
+/// thread and one read per memory element, instead of one of each per chunk. The
+/// rows read wait in the scan, outside the budget's accounting: a thirty-second of
+/// it, and never more than 4 MiB.
+pub(crate) fn group_bytes(limit: MemoryLimit) -> u64 {
+    let cap = 4 << 20;
+    match limit {
+        MemoryLimit::Finite(bytes) => (bytes as u64 / 32).min(cap),
+        _ => cap,
+    }
 }
 
 impl ChunkReader {
-    fn read(&self, chunk: usize) -> DfResult<Vec<RecordBatch>> {
-        let rows = self.frame.meta().chunks[chunk].rows as usize;
-        // No stored column is needed (`count(*)`): batches of rows only.
-        let mut arrays = if self.columns.is_empty() {
+    /// Reads `chunks` (one read per memory element for all of them) as batches, in
+    /// order.
+    fn read(&self, chunks: &[usize]) -> DfResult<Vec<RecordBatch>> {
+        let read = if self.columns.is_empty() {
             Vec::new()
         } else {
-            let read = self
-                .frame
-                .read_chunks(&self.columns, chunk..chunk + 1)
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
-            let Some(b) = read.into_iter().next() else {
-                return Ok(Vec::new());
-            };
-            self.conform(&b)?
+            self.frame
+                .read_chunk_list(&self.columns, chunks)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+        };
+        let mut out = Vec::new();
+        for (k, &chunk) in chunks.iter().enumerate() {
+            out.extend(self.batches_of(chunk, read.get(k))?);
+        }
+        Ok(out)
+    }
+
+    /// The batches of chunk `chunk`, whose stored columns were read as `read`
+    /// (`None`: none are needed).
+    fn batches_of(&self, chunk: usize, read: Option<&RecordBatch>) -> DfResult<Vec<RecordBatch>> {
+        let rows = self.frame.meta().chunks[chunk].rows as usize;
+        // No stored column is needed (`count(*)`): batches of rows only.
+        let mut arrays = match read {
+            Some(b) => self.conform(b)?,
+            None => Vec::new(),
         };
         if let Some(index) = &self.row_index {
             let start = index.starts.get(chunk).copied().unwrap_or_default();
@@ -482,6 +515,8 @@ struct ScanState {
     bytes_read: Count,
     pruning: Option<ChunkPruning>,
     chunks_pruned: Count,
+    /// Reads of groups of chunks.
+    reads: Count,
 }
 
 /// Dynamic filters checked against chunk statistics: the chunks they may pass
@@ -536,6 +571,31 @@ impl ChunkPruning {
 }
 
 impl ScanState {
+    /// The next chunks to read: those the pruning keeps, up to the reader's group
+    /// bytes (one under a limit: rows past it are never read).
+    fn next_group(&mut self) -> Vec<usize> {
+        let meta = self.reader.frame.meta();
+        let mut group = Vec::new();
+        let mut bytes = 0;
+        while group.len() < GROUP_CHUNKS {
+            let Some(chunk) = self.chunks.next() else {
+                break;
+            };
+            if let Some(p) = &mut self.pruning {
+                if !p.keeps(chunk) {
+                    self.chunks_pruned.add(1);
+                    continue;
+                }
+            }
+            group.push(chunk);
+            bytes += chunk_column_bytes(&meta.schema, &meta.chunks[chunk], &self.reader.columns);
+            if self.left.is_some() || bytes >= self.reader.group_bytes {
+                break;
+            }
+        }
+        group
+    }
+
     async fn next(mut self) -> Option<(DfResult<RecordBatch>, Self)> {
         loop {
             if self.failed || self.left == Some(0) {
@@ -551,16 +611,16 @@ impl ScanState {
                 }
                 return Some((Ok(b), self));
             }
-            let chunk = self.chunks.next()?;
-            if let Some(p) = &mut self.pruning {
-                if !p.keeps(chunk) {
-                    self.chunks_pruned.add(1);
-                    continue;
-                }
+            let group = self.next_group();
+            if group.is_empty() {
+                return None;
             }
             let reader = self.reader.clone();
-            let bytes =
-                chunk_column_stored_bytes(&reader.frame.meta().chunks[chunk], &reader.columns);
+            let meta = reader.frame.meta();
+            let bytes: u64 = group
+                .iter()
+                .map(|&c| chunk_column_stored_bytes(&meta.chunks[c], &reader.columns))
+                .sum();
             let check = !std::mem::replace(&mut self.sealed, true);
             let read = move || {
                 if check {
@@ -569,11 +629,12 @@ impl ScanState {
                         .check_seal()
                         .map_err(|e| DataFusionError::External(Box::new(e)))?;
                 }
-                reader.read(chunk)
+                reader.read(&group)
             };
             match tokio::task::spawn_blocking(read).await {
                 Ok(Ok(batches)) => {
                     self.bytes_read.add(bytes as usize);
+                    self.reads.add(1);
                     self.pending.extend(batches);
                 }
                 Ok(Err(e)) => {

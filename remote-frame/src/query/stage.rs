@@ -50,7 +50,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::scan::{chunk_stream, ChunkReader};
+use super::scan::{chunk_stream, group_bytes, ChunkReader};
 use super::{is_ordered, QuerySession, QueryStats};
 use crate::error::{Error, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
@@ -834,7 +834,7 @@ impl ExecutionPlan for StageInputExec {
     fn execute(
         &self,
         partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         let frames = self.frames.get(partition).cloned().ok_or_else(|| {
             DataFusionError::Internal(format!(
@@ -855,6 +855,7 @@ impl ExecutionPlan for StageInputExec {
                         schema: self.schema.clone(),
                         batch_rows: self.batch_rows,
                         row_index: None,
+                        group_bytes: group_bytes(context.memory_pool().memory_limit()),
                     },
                     (0..chunks).collect(),
                     None,
