@@ -47,8 +47,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, spill_partitioned, OneShotExec,
-    AGGREGATE_FANOUT, MAX_LEVEL,
+    level_seed, partition_stream, spill_partitioned, OneShotExec, AGGREGATE_FANOUT, MAX_LEVEL,
 };
 use super::operator::replace_each;
 use super::reserved_pool::ReservedPool;
@@ -68,10 +67,12 @@ impl PhysicalOptimizerRule for SpillingAggregates {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         replace_each(plan, |agg: &AggregateExec| {
             Ok(wrappable(agg).then(|| {
+                let ways = agg.properties().partitioning.partition_count().max(1);
                 Arc::new(SpillingAggregateExec::new(
                     Arc::new(agg.clone()),
                     0,
                     String::new(),
+                    ways,
                 )) as _
             }))
         })
@@ -114,17 +115,20 @@ pub(crate) struct SpillingAggregateExec {
     /// The partition this aggregate aggregates, by its index at each level (`3/7`;
     /// empty at level 0), for errors.
     path: String,
+    /// Partitions of the level-0 aggregate, which run at once and share the budget.
+    ways: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl SpillingAggregateExec {
-    fn new(agg: Arc<AggregateExec>, level: u32, path: String) -> Self {
+    fn new(agg: Arc<AggregateExec>, level: u32, path: String, ways: usize) -> Self {
         let properties = agg.properties().clone();
         SpillingAggregateExec {
             agg,
             level,
             path,
+            ways,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -186,6 +190,7 @@ impl ExecutionPlan for SpillingAggregateExec {
             self.with_input(input)?,
             self.level,
             self.path.clone(),
+            self.ways,
         )))
     }
 
@@ -205,6 +210,7 @@ impl ExecutionPlan for SpillingAggregateExec {
                 agg: self.agg.clone(),
                 level: self.level,
                 path: self.path.clone(),
+                ways: self.ways,
                 properties: self.properties.clone(),
                 metrics: self.metrics.clone(),
             },
@@ -238,8 +244,13 @@ impl AggregateRun {
         ))
         .with_can_spill(true)
         .register(self.context.memory_pool());
+        // This partition's share of the budget: the aggregate's partitions run at
+        // once.
         let (cap, floor) = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => (bytes / 2, (bytes / 16).min(FLOOR_CAP)),
+            MemoryLimit::Finite(bytes) => {
+                let share = bytes / self.exec.ways;
+                (share / 2, (share / 16).min(FLOOR_CAP))
+            }
             _ => (usize::MAX, 0),
         };
         // Room kept from the start, before the input runs: an operator above that
@@ -265,13 +276,17 @@ impl AggregateRun {
             }
         }
         let Some(first_overflow) = overflow else {
-            // It fits: the wrapped aggregate runs on the rows read, reserving its
-            // own as this gives them back.
-            let rows = reserved_stream(input_schema.clone(), held, reservation, state_cost);
+            // It fits: the wrapped aggregate runs on the rows read, its state made
+            // out of the memory they were read under (lent, as a join's build side
+            // is: given back batch by batch it went to operators running beside).
+            let rows = futures::stream::iter(held.into_iter().map(Ok));
+            let rows = Box::pin(RecordBatchStreamAdapter::new(input_schema.clone(), rows));
             let inner = self
                 .exec
                 .with_input(Arc::new(OneShotExec::new(input_schema, rows)))?;
-            return inner.execute(0, self.context.clone());
+            let limit = self.context.memory_pool().memory_limit();
+            let lent = Arc::new(ReservedPool::new(reservation, 0, limit));
+            return inner.execute(0, ReservedPool::context(lent, &self.context)?);
         };
         // Too large: partition the input into memory elements by group key.
         self.spilled_partitions.add(AGGREGATE_FANOUT);
@@ -320,7 +335,7 @@ impl AggregateRun {
                     parent => format!("{parent}/{p}"),
                 };
                 if level < MAX_LEVEL {
-                    return SpillingAggregateExec::new(inner, level + 1, path)
+                    return SpillingAggregateExec::new(inner, level + 1, path, exec.ways)
                         .execute(0, context.clone());
                 }
                 let rows = inner.execute(0, context.clone())?;

@@ -110,6 +110,10 @@ struct Args {
     /// Print each query's physical plan (EXPLAIN) instead of running it.
     #[arg(long)]
     explain: bool,
+    /// Run each query and print its physical plan with every operator's metrics
+    /// (EXPLAIN ANALYZE: rows, time, bytes read, spills) instead of the table.
+    #[arg(long, conflicts_with_all = ["explain", "stage_processes"])]
+    analyze: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -270,6 +274,20 @@ fn main() -> Result<()> {
         for q in &queries {
             let sql = scad_tpcds::engine::query_sql(&set, q)?;
             println!("-- {q}\n{}", session.explain(&sql)?);
+        }
+        return Ok(());
+    }
+    if args.analyze {
+        for q in &queries {
+            let sql = scad_tpcds::engine::query_sql(&set, q)?;
+            let started = std::time::Instant::now();
+            let out = session.sql(&sql)?;
+            println!(
+                "-- {q}: {} rows in {:.3} s\n{}",
+                out.rows(),
+                started.elapsed().as_secs_f64(),
+                out.explain_analyze()
+            );
         }
         return Ok(());
     }

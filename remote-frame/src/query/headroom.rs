@@ -1,0 +1,135 @@
+//! Room kept for the operators that cannot spill.
+//!
+//! Under a first-come, first-served pool an operator that can spill (a sort still
+//! reading its input) takes whatever is free, and one that cannot (the merge of
+//! another partition's sort, which has started merging its spilled runs) then finds
+//! nothing and fails the query: q67 over two partitions did. [`HeadroomPool`] keeps
+//! the last `headroom` bytes of the budget for operators that cannot spill: a grant
+//! to one that can is refused when it would leave less free, and it spills a little
+//! sooner instead.
+
+use std::fmt::{self, Display, Formatter};
+
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::memory_pool::{
+    human_readable_size, GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool,
+    MemoryReservation, TrackConsumersPool,
+};
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct HeadroomPool {
+    inner: TrackConsumersPool<GreedyMemoryPool>,
+    limit: usize,
+    headroom: usize,
+}
+
+impl HeadroomPool {
+    /// `inner` (limited to `limit` bytes) with its last `headroom` bytes kept for
+    /// consumers that cannot spill.
+    pub(crate) fn new(
+        inner: TrackConsumersPool<GreedyMemoryPool>,
+        limit: usize,
+        headroom: usize,
+    ) -> Self {
+        HeadroomPool {
+            inner,
+            limit,
+            headroom: headroom.min(limit),
+        }
+    }
+}
+
+impl Display for HeadroomPool {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        Display::fmt(&self.inner, f)
+    }
+}
+
+impl MemoryPool for HeadroomPool {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn register(&self, consumer: &MemoryConsumer) {
+        self.inner.register(consumer);
+    }
+
+    fn unregister(&self, consumer: &MemoryConsumer) {
+        self.inner.unregister(consumer);
+    }
+
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        self.inner.grow(reservation, additional);
+    }
+
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        self.inner.shrink(reservation, shrink);
+    }
+
+    fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
+        if reservation.consumer().can_spill() {
+            let held = self.inner.reserved();
+            let open = self.limit - self.headroom;
+            if held.saturating_add(additional) > open {
+                return Err(DataFusionError::ResourcesExhausted(format!(
+                    "Failed to allocate additional {} for {}: {} of {} held, the last {} kept for operators that cannot spill; top memory consumers:\n{}",
+                    human_readable_size(additional),
+                    reservation.consumer().name(),
+                    human_readable_size(held),
+                    human_readable_size(self.limit),
+                    human_readable_size(self.headroom),
+                    self.inner.report_top(5),
+                )));
+            }
+        }
+        self.inner.try_grow(reservation, additional)
+    }
+
+    fn reserved(&self) -> usize {
+        self.inner.reserved()
+    }
+
+    fn memory_limit(&self) -> MemoryLimit {
+        self.inner.memory_limit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn the_last_bytes_go_only_to_consumers_that_cannot_spill() {
+        let top = std::num::NonZeroUsize::MIN;
+        let pool: Arc<dyn MemoryPool> = Arc::new(HeadroomPool::new(
+            TrackConsumersPool::new(GreedyMemoryPool::new(100), top),
+            100,
+            20,
+        ));
+        let sort = MemoryConsumer::new("sort")
+            .with_can_spill(true)
+            .register(&pool);
+        let merge = MemoryConsumer::new("merge").register(&pool);
+        sort.try_grow(70).unwrap();
+        let err = sort.try_grow(11).unwrap_err();
+        assert!(
+            matches!(err, DataFusionError::ResourcesExhausted(_)),
+            "{err}"
+        );
+        assert!(err.to_string().contains("sort"), "{err}");
+        sort.try_grow(10).unwrap();
+        // The merge gets the last 20 bytes, and not one more.
+        merge.try_grow(20).unwrap();
+        assert!(merge.try_grow(1).is_err());
+        // Once the merge holds part of the pool, the sort's limit is the same
+        // total: nothing it gives back is lost to it.
+        drop(merge);
+        sort.shrink(30);
+        sort.try_grow(30).unwrap();
+        assert!(sort.try_grow(1).is_err());
+        assert_eq!(pool.reserved(), 80);
+    }
+}
