@@ -75,11 +75,28 @@ pub fn session(
     env: &FrameEnv,
     frames: &BTreeMap<String, RemoteFrame>,
 ) -> Result<QuerySession, TpcdsError> {
+    session_with_partitions(env, frames, None)
+}
+
+/// As [`session`], with `partitions` partitions per query (`None`: the session's
+/// choice for its budget and cores).
+///
+/// # Errors
+/// As [`session`].
+pub fn session_with_partitions(
+    env: &FrameEnv,
+    frames: &BTreeMap<String, RemoteFrame>,
+    partitions: Option<usize>,
+) -> Result<QuerySession, TpcdsError> {
     let wrap = |e| TpcdsError::Frame {
         what: "starting a query session".into(),
         source: Box::new(e),
     };
-    let s = QuerySession::new(env).map_err(wrap)?;
+    let s = match partitions {
+        Some(p) => QuerySession::with_partitions(env, p),
+        None => QuerySession::new(env),
+    }
+    .map_err(wrap)?;
     for (name, frame) in frames {
         s.register(name, frame).map_err(wrap)?;
     }

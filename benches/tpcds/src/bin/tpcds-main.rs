@@ -31,7 +31,9 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use scad_remote_frame::Budget;
 use scad_tpcds::data::{generate, GenerateOptions};
-use scad_tpcds::engine::{official_queries, parse_queries, query_number, run_query, session};
+use scad_tpcds::engine::{
+    official_queries, parse_queries, query_number, run_query, session_with_partitions,
+};
 use scad_tpcds::regress::{
     compare_runs, comparison_table, read_results, QueryResult, SLOWER_RATIO, SLOWER_SECS,
 };
@@ -110,6 +112,10 @@ struct Args {
     /// Print each query's physical plan (EXPLAIN) instead of running it.
     #[arg(long)]
     explain: bool,
+    /// Partitions every query runs in (default: the session's choice, one below
+    /// 512 MiB of budget, else as many as cores).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    partitions: Option<u16>,
     /// Run each query and print its physical plan with every operator's metrics
     /// (EXPLAIN ANALYZE: rows, time, bytes read, spills) instead of the table.
     #[arg(long, conflicts_with_all = ["explain", "stage_processes"])]
@@ -254,7 +260,8 @@ fn main() -> Result<()> {
         }
     );
     let env = cluster.env().with_budget(Budget::bytes(budget)?);
-    let session = session(&env, &tables.open(&cluster)?)?;
+    let partitions = args.partitions.map(usize::from);
+    let session = session_with_partitions(&env, &tables.open(&cluster)?, partitions)?;
     let servers = if args.servers.is_empty() {
         cluster.server_addrs()
     } else {
