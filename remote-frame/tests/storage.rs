@@ -517,35 +517,34 @@ fn bad_packing_metadata_is_refused() {
         assert!(matches!(err, Error::Meta(_)), "{err}");
         assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
     };
-    let packing =
-        |m: &mut FrameMeta, col: usize| m.chunks[0].columns[col].packing.as_mut().unwrap().clone();
+    let packing = |m: &FrameMeta, col: usize| m.chunks[0].columns[col].packing.unwrap();
     // A width that is none of 1, 2, 4, 8 (the buffer is 2 bytes a row).
     let mut m = meta.clone();
-    let mut p = packing(&mut m, 1);
+    let mut p = packing(&m, 1);
     p.width = 3;
     m.chunks[0].columns[1].packing = Some(p);
     expect_meta(m, "packed in 3 bytes");
     // No narrower than the type: an i64 column packed in 8 bytes.
     let mut m = meta.clone();
-    let mut p = packing(&mut m, 2);
+    let mut p = packing(&m, 2);
     p.width = 8;
     m.chunks[0].columns[2].packing = Some(p);
     expect_meta(m, "packed in 8 bytes");
     // The wrong buffer size for the width.
     let mut m = meta.clone();
-    let mut p = packing(&mut m, 1);
+    let mut p = packing(&m, 1);
     p.width = 4;
     m.chunks[0].columns[1].packing = Some(p);
     expect_meta(m, "values buffer of 1200 bytes");
     // A base outside the type (i16).
     let mut m = meta.clone();
-    let mut p = packing(&mut m, 6);
+    let mut p = packing(&m, 6);
     p.base = 40_000;
     m.chunks[0].columns[6].packing = Some(p);
     expect_meta(m, "base 40000");
     // Unsigned types have no negative base.
     let mut m = meta.clone();
-    let mut p = packing(&mut m, 8);
+    let mut p = packing(&m, 8);
     p.base = -1;
     m.chunks[0].columns[8].packing = Some(p);
     expect_meta(m, "base -1");
