@@ -314,10 +314,17 @@ impl PyFrame {
         self.inner.chunk_count()
     }
 
-    /// Bytes of data stored.
+    /// Bytes of the columns in local memory once read.
     #[getter]
     fn data_bytes(&self) -> u64 {
         self.inner.data_bytes()
+    }
+
+    /// Bytes of the columns as stored in the memory elements (integers, dates and
+    /// decimals of a small range are packed).
+    #[getter]
+    fn stored_bytes(&self) -> u64 {
+        self.inner.stored_bytes()
     }
 
     /// Column names in order.

@@ -177,9 +177,15 @@ impl RemoteFrame {
         self.arrow_schema_of(&(0..self.meta.schema.len()).collect::<Vec<_>>())
     }
 
-    /// Bytes of data stored (all columns).
+    /// Bytes of all columns in local memory once read (packed values unpacked).
     pub fn data_bytes(&self) -> u64 {
         self.meta.data_bytes()
+    }
+
+    /// Bytes of all columns as stored in the memory elements: what writing or
+    /// reading the whole frame moves.
+    pub fn stored_bytes(&self) -> u64 {
+        self.meta.stored_bytes()
     }
 
     /// Indices of the named columns.

@@ -466,7 +466,14 @@ class RemoteFrame:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the columns in local memory once read."""
         return self._raw.data_bytes
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes of the columns as stored in the memory elements (integers, dates and
+        decimals spanning a small range per chunk are packed)."""
+        return self._raw.stored_bytes
 
     @property
     def chunk_count(self) -> int:

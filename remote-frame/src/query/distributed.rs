@@ -73,7 +73,7 @@ pub struct TaskOutput {
     pub elapsed_s: f64,
     /// Rows it wrote.
     pub rows: usize,
-    /// Bytes of frames it wrote.
+    /// Bytes of frames it wrote, as stored.
     pub bytes_written: u64,
     /// Bytes it read from memory elements (tables and inputs).
     pub scan_bytes: u64,

@@ -447,7 +447,7 @@ impl QuerySession {
         let frames = written?;
         let all = || frames.iter().flatten();
         let rows = all().map(RemoteFrame::rows).sum();
-        let bytes_written = all().map(RemoteFrame::data_bytes).sum();
+        let bytes_written = all().map(RemoteFrame::stored_bytes).sum();
         Ok(StageOutput {
             stats: self.measure_end(before, rows, plan.as_ref()),
             frames,
