@@ -279,14 +279,10 @@ impl AggregateRun {
             // It fits: the wrapped aggregate runs on the rows read, its state made
             // out of the memory they were read under (lent, as a join's build side
             // is: given back batch by batch it went to operators running beside).
-            let rows = futures::stream::iter(held.into_iter().map(Ok));
-            let rows = Box::pin(RecordBatchStreamAdapter::new(input_schema.clone(), rows));
-            let inner = self
-                .exec
-                .with_input(Arc::new(OneShotExec::new(input_schema, rows)))?;
-            let limit = self.context.memory_pool().memory_limit();
-            let lent = Arc::new(ReservedPool::new(reservation, 0, limit));
-            return inner.execute(0, ReservedPool::context(lent, &self.context)?);
+            let (rows, context) =
+                ReservedPool::lend_rows(input_schema, held, reservation, &self.context)?;
+            let inner = self.exec.with_input(Arc::new(rows))?;
+            return inner.execute(0, context);
         };
         // Too large: partition the input into memory elements by group key.
         self.spilled_partitions.add(AGGREGATE_FANOUT);

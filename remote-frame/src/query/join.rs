@@ -362,19 +362,13 @@ struct HeldBuild {
 
 impl HeldBuild {
     /// The rows as a one-shot input, and a task context for the join building on
-    /// them: its pool lends the join the rows' reservation, so that the join's table
-    /// (DataFusion's join cannot spill) is made out of the memory the rows were read
-    /// under. Given back batch by batch as the join took them, that memory went to
-    /// whichever operator running beside it asked first, and the join then failed
-    /// for want of the few bytes more its table needs (q80 at 25 MiB: three union
-    /// branches of joins at once).
+    /// them that lends it the rows' reservation ([`ReservedPool::lend_rows`]). Given
+    /// back batch by batch as the join took them, that memory went to whichever
+    /// operator running beside it asked first, and the join then failed for want of
+    /// the few bytes more its table needs (q80 at 25 MiB: three union branches of
+    /// joins at once).
     fn lend(self, context: &TaskContext) -> DfResult<(OneShotExec, Arc<TaskContext>)> {
-        let limit = context.memory_pool().memory_limit();
-        let pool = Arc::new(ReservedPool::new(self.reservation, 0, limit));
-        let context = ReservedPool::context(pool, context)?;
-        let rows = futures::stream::iter(self.batches.into_iter().map(Ok));
-        let rows = Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), rows));
-        Ok((OneShotExec::new(self.schema, rows), context))
+        ReservedPool::lend_rows(self.schema, self.batches, self.reservation, context)
     }
 }
 

@@ -300,12 +300,11 @@ impl QuerySession {
             // Several partitions' sorts and merges share the pool: the last bytes
             // are kept for those that cannot spill. In one partition that only made
             // joins spill sooner (q24 at 25 MiB: 0.2 s -> 0.6 s).
-            let headroom = if partitions > 1 {
-                limit / HEADROOM_DIVISOR
+            if partitions > 1 {
+                Arc::new(HeadroomPool::new(tracked, limit, limit / HEADROOM_DIVISOR))
             } else {
-                0
-            };
-            Arc::new(HeadroomPool::new(tracked, limit, headroom))
+                Arc::new(tracked)
+            }
         } else {
             Arc::new(UnboundedMemoryPool::default())
         };

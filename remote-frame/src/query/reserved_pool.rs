@@ -12,10 +12,15 @@
 use std::fmt::{self, Display, Formatter};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use datafusion::common::Result as DfResult;
 use datafusion::execution::memory_pool::{MemoryLimit, MemoryPool, MemoryReservation};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::TaskContext;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+
+use super::grace::OneShotExec;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -69,6 +74,25 @@ impl ReservedPool {
             context.window_functions().clone(),
             runtime,
         )))
+    }
+
+    /// `batches` as a one-shot input, and a task context like `context` whose pool
+    /// lends the operator built on them `reservation`, the memory they were read
+    /// under: a wrapped operator that cannot spill (DataFusion's hash join, its
+    /// aggregate) builds its state out of that memory instead of racing the
+    /// operators beside it for it as it is given back batch by batch.
+    pub(crate) fn lend_rows(
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+        reservation: MemoryReservation,
+        context: &TaskContext,
+    ) -> DfResult<(OneShotExec, Arc<TaskContext>)> {
+        let limit = context.memory_pool().memory_limit();
+        let pool = Arc::new(ReservedPool::new(reservation, 0, limit));
+        let context = ReservedPool::context(pool, context)?;
+        let rows = futures::stream::iter(batches.into_iter().map(Ok));
+        let rows = Box::pin(RecordBatchStreamAdapter::new(schema.clone(), rows));
+        Ok((OneShotExec::new(schema, rows), context))
     }
 
     fn lent(&self) -> std::sync::MutexGuard<'_, Lent> {
