@@ -17,6 +17,9 @@ pub const LAYOUT_VERSION: u32 = 3;
 /// The oldest layout version this build reads.
 pub const OLDEST_READABLE_VERSION: u32 = 2;
 
+/// The layout version that brought packed values.
+const PACKING_VERSION: u32 = 3;
+
 /// Alignment of every buffer inside a chunk's remote allocation (and of the local
 /// buffers it is read into), so copies run at full speed.
 pub const BUFFER_ALIGN: u64 = 64;
@@ -98,13 +101,10 @@ impl ColumnType {
     }
 
     /// Whether chunks of this type may store their values packed ([`Packing`]):
-    /// integers of 16 bits and more, dates and decimals.
+    /// integers of 16 bits and more, dates and decimals (the types with a
+    /// [`ColumnType::value_range`]).
     pub fn packable(self) -> bool {
-        use ColumnType::*;
-        matches!(
-            self,
-            Int16 | Int32 | Int64 | UInt16 | UInt32 | UInt64 | Date | Decimal { .. }
-        )
+        self.value_range().is_some()
     }
 
     /// The smallest and largest value of this type, for packable types.
@@ -394,9 +394,9 @@ impl FrameMeta {
                 return bad(format!("chunk {k}: address range overflows"));
             }
             for (col, cc) in self.schema.iter().zip(&ch.columns) {
-                if cc.packing.is_some() && self.version < 3 {
+                if cc.packing.is_some() && self.version < PACKING_VERSION {
                     return bad(format!(
-                        "chunk {k}, column {:?}: packed values in a version {} frame (packing came with version 3)",
+                        "chunk {k}, column {:?}: packed values in a version {} frame (packing came with version {PACKING_VERSION})",
                         col.name, self.version
                     ));
                 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::{assert_same, env, fact, Backend};
 use polars::prelude::*;
-use scad_remote_frame::{Error, FrameMeta, RemoteFrame};
+use scad_remote_frame::{Error, FrameMeta, Packing, RemoteFrame};
 
 #[test]
 fn round_trip_all_types_tcp_and_local() {
@@ -517,37 +517,22 @@ fn bad_packing_metadata_is_refused() {
         assert!(matches!(err, Error::Meta(_)), "{err}");
         assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
     };
-    let packing = |m: &FrameMeta, col: usize| m.chunks[0].columns[col].packing.unwrap();
+    // The metadata with column `col`'s packing in the first chunk edited.
+    let repacked = |col: usize, edit: fn(&mut Packing)| {
+        let mut m = meta.clone();
+        edit(m.chunks[0].columns[col].packing.as_mut().unwrap());
+        m
+    };
     // A width that is none of 1, 2, 4, 8 (the buffer is 2 bytes a row).
-    let mut m = meta.clone();
-    let mut p = packing(&m, 1);
-    p.width = 3;
-    m.chunks[0].columns[1].packing = Some(p);
-    expect_meta(m, "packed in 3 bytes");
+    expect_meta(repacked(1, |p| p.width = 3), "packed in 3 bytes");
     // No narrower than the type: an i64 column packed in 8 bytes.
-    let mut m = meta.clone();
-    let mut p = packing(&m, 2);
-    p.width = 8;
-    m.chunks[0].columns[2].packing = Some(p);
-    expect_meta(m, "packed in 8 bytes");
+    expect_meta(repacked(2, |p| p.width = 8), "packed in 8 bytes");
     // The wrong buffer size for the width.
-    let mut m = meta.clone();
-    let mut p = packing(&m, 1);
-    p.width = 4;
-    m.chunks[0].columns[1].packing = Some(p);
-    expect_meta(m, "values buffer of 1200 bytes");
+    expect_meta(repacked(1, |p| p.width = 4), "values buffer of 1200 bytes");
     // A base outside the type (i16).
-    let mut m = meta.clone();
-    let mut p = packing(&m, 6);
-    p.base = 40_000;
-    m.chunks[0].columns[6].packing = Some(p);
-    expect_meta(m, "base 40000");
+    expect_meta(repacked(6, |p| p.base = 40_000), "base 40000");
     // Unsigned types have no negative base.
-    let mut m = meta.clone();
-    let mut p = packing(&m, 8);
-    p.base = -1;
-    m.chunks[0].columns[8].packing = Some(p);
-    expect_meta(m, "base -1");
+    expect_meta(repacked(8, |p| p.base = -1), "base -1");
     // Packing on a column of a type that is never packed.
     let mut m = meta.clone();
     m.schema[1].dtype = scad_remote_frame::ColumnType::Float64;

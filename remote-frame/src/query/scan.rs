@@ -92,11 +92,7 @@ impl RemoteTable {
                 )
             }
         };
-        let stats = Arc::new(ChunkStatistics::new(
-            schema.clone(),
-            &frame.meta().schema,
-            chunks,
-        ));
+        let stats = Arc::new(ChunkStatistics::new(schema.clone(), frame.meta()));
         Ok(RemoteTable {
             frame,
             schema,

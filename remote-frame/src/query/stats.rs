@@ -16,10 +16,10 @@ use datafusion::physical_expr::utils::reassign_expr_columns;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 
-use crate::meta::{chunk_column_bytes, ChunkMeta, ColumnMeta, ColumnStats, FrameMeta};
+use crate::meta::{chunk_column_bytes, ColumnStats, FrameMeta};
 
 /// The statistics of every chunk of a frame, over all of its columns (`schema` is the
-/// frame's whole schema, `stored` its stored columns).
+/// frame's whole schema, a computed row index included).
 #[derive(Debug)]
 pub(crate) struct ChunkStatistics {
     schema: SchemaRef,
@@ -27,9 +27,10 @@ pub(crate) struct ChunkStatistics {
 }
 
 impl ChunkStatistics {
-    pub(crate) fn new(schema: SchemaRef, stored: &[ColumnMeta], chunks: &[ChunkMeta]) -> Self {
+    pub(crate) fn new(schema: SchemaRef, meta: &FrameMeta) -> Self {
         let all: Vec<usize> = (0..schema.fields().len()).collect();
-        let chunks = chunks
+        let chunks = meta
+            .chunks
             .iter()
             .map(|c| {
                 let columns = schema
@@ -52,7 +53,9 @@ impl ChunkStatistics {
                     .collect();
                 Arc::new(Statistics {
                     num_rows: Precision::Exact(c.rows as usize),
-                    total_byte_size: Precision::Exact(chunk_column_bytes(stored, c, &all) as usize),
+                    total_byte_size: Precision::Exact(
+                        chunk_column_bytes(&meta.schema, c, &all) as usize
+                    ),
                     column_statistics: columns,
                 })
             })
