@@ -6,7 +6,9 @@
 //! nothing and fails the query: q67 over two partitions did. [`HeadroomPool`] keeps
 //! the last `headroom` bytes of the budget for operators that cannot spill: a grant
 //! to one that can is refused when it would leave less free, and it spills a little
-//! sooner instead.
+//! sooner instead. One that holds less than it asks for (a sort that has just spilled
+//! every batch and needs room for the next) cannot make room by spilling, so it may
+//! use the headroom too rather than fail the query (q47 over two partitions did).
 
 use std::fmt::{self, Display, Formatter};
 
@@ -68,7 +70,7 @@ impl MemoryPool for HeadroomPool {
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
-        if reservation.consumer().can_spill() {
+        if reservation.consumer().can_spill() && reservation.size() >= additional {
             let held = self.inner.reserved();
             let open = self.limit - self.headroom;
             if held.saturating_add(additional) > open {
@@ -131,5 +133,20 @@ mod tests {
         sort.try_grow(30).unwrap();
         assert!(sort.try_grow(1).is_err());
         assert_eq!(pool.reserved(), 80);
+        // A sort that has spilled all it held cannot make room by spilling: it
+        // gets the headroom for its next batch, and the rest of it stays free.
+        sort.free();
+        let other = MemoryConsumer::new("other sort")
+            .with_can_spill(true)
+            .register(&pool);
+        other.try_grow(78).unwrap();
+        sort.try_grow(5).unwrap();
+        assert!(
+            sort.try_grow(5).is_err(),
+            "holds 5: spilling them makes room"
+        );
+        let merge = MemoryConsumer::new("merge").register(&pool);
+        merge.try_grow(17).unwrap();
+        assert_eq!(pool.reserved(), 100);
     }
 }

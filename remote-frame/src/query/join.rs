@@ -110,8 +110,8 @@ fn wrappable(join: &HashJoinExec) -> bool {
         PartitionMode::Partitioned => true,
         // One output partition only: DataFusion's own join collects the build side
         // once for all its output partitions, ours would read (and hold) it once per
-        // partition. (Making such joins partitioned is left undone: with two
-        // partitions it made a query hang, cause not found.)
+        // partition. With several partitions only build sides estimated small are
+        // collected (see `COLLECTED_BUILD_DIVISOR`); the others are partitioned.
         PartitionMode::CollectLeft => {
             join.left().properties().partitioning.partition_count() == 1
                 && join.properties().partitioning.partition_count() == 1

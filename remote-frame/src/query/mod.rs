@@ -60,6 +60,7 @@ mod numeric;
 mod operator;
 mod owned;
 mod peak;
+mod repartition;
 mod reserved_pool;
 mod scan;
 mod skew;
@@ -350,6 +351,16 @@ impl QuerySession {
             let optimizer = &mut config.options_mut().optimizer;
             optimizer.repartition_sorts = false;
             optimizer.repartition_windows = false;
+            if partitions > 1 {
+                // A join collects its build side for all partitions only when that is
+                // estimated small for the budget: such a join is DataFusion's, which
+                // cannot spill, and a query of many joins (q4's seventeen) holds all
+                // their build sides at once. The others are partitioned by their keys
+                // and spill. Rows alone do not say how large a build side is.
+                optimizer.hash_join_single_partition_threshold =
+                    usize::try_from(limit / COLLECTED_BUILD_DIVISOR).unwrap_or(usize::MAX);
+                optimizer.hash_join_single_partition_threshold_rows = 0;
+            }
         }
         // Build sides by estimated cardinality: right after DataFusion's
         // JoinSelection (which picked partition modes) and before repartitions and
@@ -498,8 +509,29 @@ impl QuerySession {
                 .create_physical_plan(&logical)
                 .await
                 .map_err(query_error)?;
+            // A stage's tasks partition the rows of their exchanges themselves; a
+            // stage that runs whole gets its repartitions' single writers when it runs.
+            let physical = if stages {
+                physical
+            } else {
+                self.one_writer_repartitions(physical)?
+            };
             Ok((logical, physical))
         })
+    }
+
+    /// `plan` with one writer per repartition when several partitions share a
+    /// budget (see `repartition`): DataFusion's repartition can hang when several
+    /// of its inputs spill at once.
+    fn one_writer_repartitions(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.env.budget().limit().is_some() && self.partitions() > 1 {
+            repartition::one_writer_each(plan).map_err(query_error)
+        } else {
+            Ok(plan)
+        }
     }
 
     /// The physical plan of `sql` as text (EXPLAIN), without running it.
@@ -712,13 +744,21 @@ const MERGE_FAN_IN: usize = 8;
 /// How long a query's end waits for cancelled tasks to free their spill files.
 const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
-/// Budget per partition: a query runs as at most budget / 256 MiB partitions (one
-/// below 512 MiB). Every partition multiplies the operators that hold memory at once
-/// (each sort, aggregate and join build side) within one budget. Two partitions at
-/// the main job's 194 MiB ran it in 9.9 s instead of 13.8 s, but q67 then hung now
-/// and then with its hash repartition spilling (and, before sorts were kept to one
-/// partition, failed in a sort's merge): see the issue notes.
-const PARTITION_BUDGET: u64 = 256 << 20;
+/// Budget per partition: a query runs as at most budget / 96 MiB partitions (one
+/// below 192 MiB). Every partition multiplies the operators that hold memory at once
+/// (each sort, aggregate and join build side) within one budget. Over two partitions
+/// the SF 1 main job (194 MiB) ran in 9.3 to 10 s instead of 13.8 s, all 99 equal;
+/// at 128 MiB all 99 passed too, at 96 MiB q4 and q36 failed (build sides estimated
+/// small held at once), at 25 MiB ten queries failed.
+const PARTITION_BUDGET: u64 = 96 << 20;
+
+/// With several partitions, a join whose build side is estimated at most this
+/// fraction of the budget collects it once for all partitions (DataFusion's join,
+/// which cannot spill); larger ones are partitioned and spill. Every build side
+/// partitioned made the main job a third slower (8.8 s -> 11.8 s over two
+/// partitions); DataFusion's own threshold (1 MB or 128 k rows, by estimates) let q4
+/// hold five build sides of 13 to 24 MB at once and fail at 128 MiB.
+const COLLECTED_BUILD_DIVISOR: u64 = 64;
 
 fn partitions(budget: Budget, threads: usize) -> usize {
     let Some(limit) = budget.limit() else {
@@ -912,6 +952,50 @@ mod tests {
         );
         let unlimited = QuerySession::with_partitions(&env, 2).unwrap();
         unlimited.register("t", &t).unwrap();
+        let want = unlimited.sql(sql).unwrap().to_polars().unwrap();
+        let got = s.sql(sql).unwrap().to_polars().unwrap();
+        assert!(got.equals_missing(&want));
+    }
+
+    #[test]
+    fn under_a_budget_each_repartition_has_one_writer() {
+        // DataFusion's repartition hangs when two of its inputs spill into its pool at
+        // once (see `repartition`): under a budget each reads one merged input.
+        let env = local_env(1, 64 << 20);
+        let t = RemoteFrame::from_polars(
+            &env,
+            &df!("k" => (0..50_000i64).map(|i| i % 1_001).collect::<Vec<_>>(),
+                 "v" => (0..50_000i64).collect::<Vec<_>>())
+            .unwrap(),
+        )
+        .unwrap();
+        let sql = "SELECT a.k, count(*) AS n, sum(b.v) AS s FROM \
+                   (SELECT k, max(v) AS v FROM t GROUP BY k) a JOIN t b ON a.k = b.k \
+                   GROUP BY a.k ORDER BY a.k";
+        let repartitions = |s: &QuerySession| -> Vec<String> {
+            s.explain(sql)
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("RepartitionExec"))
+                .map(str::to_owned)
+                .collect()
+        };
+        let unlimited = QuerySession::with_partitions(&env, 2).unwrap();
+        unlimited.register("t", &t).unwrap();
+        let plain = repartitions(&unlimited);
+        assert!(
+            plain.iter().any(|l| l.contains("input_partitions=2")),
+            "{plain:?}"
+        );
+        let budgeted = env.with_budget(Budget::from_limit(Some(1 << 20)).unwrap());
+        let s = QuerySession::with_partitions(&budgeted, 2).unwrap();
+        s.register("t", &t).unwrap();
+        let merged = repartitions(&s);
+        assert!(merged.iter().any(|l| l.contains("Hash([")), "{merged:?}");
+        assert!(
+            merged.iter().all(|l| l.contains("input_partitions=1")),
+            "{merged:?}"
+        );
         let want = unlimited.sql(sql).unwrap().to_polars().unwrap();
         let got = s.sql(sql).unwrap().to_polars().unwrap();
         assert!(got.equals_missing(&want));

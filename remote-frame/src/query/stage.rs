@@ -441,7 +441,10 @@ impl QuerySession {
             )));
         }
         let batch_rows = self.ctx.state().config().batch_size();
-        let plan = replace_inputs(&top, &ids, inputs, batch_rows)?;
+        let mut plan = replace_inputs(&top, &ids, inputs, batch_rows)?;
+        if shape == TaskShape::Whole {
+            plan = self.one_writer_repartitions(plan)?;
+        }
         let written = self.write_tasks(&plan, shape, &tasks);
         self.await_spill_release();
         let frames = written?;

@@ -198,8 +198,15 @@ impl ExecutionPlan for PartitionedWindowExec {
             MemoryConsumer::new(format!("PartitionedWindow[{partition}] {names}")).register(pool);
         // Reserved before the input runs: the sort below merges its spilled runs with
         // as much memory as it finds free, which would leave none for the partitions.
+        // Each partition's window reserves its share.
+        let ways = self
+            .window
+            .properties()
+            .partitioning
+            .partition_count()
+            .max(1);
         let floor = match pool.memory_limit() {
-            MemoryLimit::Finite(bytes) => (bytes / 4).min(WINDOW_FLOOR_CAP),
+            MemoryLimit::Finite(bytes) => (bytes / 4).min(WINDOW_FLOOR_CAP) / ways,
             _ => 0,
         };
         let floor = if reservation.try_grow(floor).is_ok() {
