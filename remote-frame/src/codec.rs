@@ -17,7 +17,7 @@ use arrow_array::types::{
     ArrowPrimitiveType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int16Type, Int32Type,
     Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
-use arrow_array::{Array, ArrayRef, BooleanArray, NullArray, PrimitiveArray, StringViewArray};
+use arrow_array::{Array, ArrayRef, BooleanArray, NullArray, PrimitiveArray};
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use arrow_schema::DataType;
 use datafusion::arrow::compute;
@@ -534,7 +534,7 @@ pub fn decode(
         (ColumnType::String, d @ Dest::Views(_)) => {
             let views = ScalarBuffer::<u128>::new(d.into_buffer(), 0, rows);
             let data: Vec<Buffer> = it.map(Dest::into_buffer).collect();
-            Arc::new(StringViewArray::try_new(views, data, nulls)?)
+            Arc::new(crate::views::string_views(views, data, nulls)?)
         }
         _ => return Err(wrong()),
     };

@@ -3,8 +3,8 @@
 //!
 //! Polars (polars-arrow) and arrow-rs each define the C interface structs as
 //! `#[repr(C)]` types of the layout the Arrow specification fixes; a value of one is
-//! handed to the other by reinterpreting it. This module holds the only `unsafe` code
-//! of the crate.
+//! handed to the other by reinterpreting it. This module and `views` (string views
+//! read back, checked buffer by buffer) hold the crate's only `unsafe` code.
 
 use std::sync::Arc;
 

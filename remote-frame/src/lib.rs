@@ -103,6 +103,7 @@ mod interop;
 pub mod meta;
 pub mod query;
 pub mod seal;
+mod views;
 
 pub use budget::Budget;
 pub use datafusion::logical_expr::JoinType;
