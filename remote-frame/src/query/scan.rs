@@ -48,6 +48,8 @@ pub(crate) struct RemoteTable {
     frame: RemoteFrame,
     schema: SchemaRef,
     stats: Arc<ChunkStatistics>,
+    /// The whole table's statistics for the planner (computed once).
+    table_stats: Statistics,
     /// The first row of each chunk, when the table has a row index column (the last).
     chunk_starts: Option<Arc<Vec<u64>>>,
 }
@@ -93,10 +95,14 @@ impl RemoteTable {
             }
         };
         let stats = Arc::new(ChunkStatistics::new(schema.clone(), frame.meta()));
+        let all_chunks: Vec<usize> = (0..frame.chunk_count()).collect();
+        let all_columns: Vec<usize> = (0..schema.fields().len()).collect();
+        let table_stats = stats.for_planner(frame.meta(), &all_chunks, &all_columns);
         Ok(RemoteTable {
             frame,
             schema,
             stats,
+            table_stats,
             chunk_starts,
         })
     }
@@ -168,9 +174,7 @@ impl TableProvider for RemoteTable {
     }
 
     fn statistics(&self) -> Option<Statistics> {
-        let chunks: Vec<usize> = (0..self.frame.chunk_count()).collect();
-        let columns: Vec<usize> = (0..self.schema.fields().len()).collect();
-        Some(self.stats.for_planner(self.frame.meta(), &chunks, &columns))
+        Some(self.table_stats.clone())
     }
 }
 
@@ -185,6 +189,9 @@ pub(crate) struct RemoteScanExec {
     chunks: Vec<usize>,
     columns: Vec<usize>,
     schema: SchemaRef,
+    /// What the planner is told of the scan (computed once: the planner asks for it
+    /// many times per query).
+    planner_stats: Arc<Statistics>,
     /// Ranges of `chunks`, one per partition.
     ranges: Vec<std::ops::Range<usize>>,
     batch_rows: usize,
@@ -230,9 +237,11 @@ impl RemoteScanExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
+        let planner_stats = Arc::new(stats.for_planner(frame.meta(), &chunks, &columns));
         RemoteScanExec {
             frame,
             stats,
+            planner_stats,
             chunks,
             columns,
             schema,
@@ -282,12 +291,10 @@ impl ExecutionPlan for RemoteScanExec {
         _input_stats: &[Arc<Statistics>],
         args: &StatisticsArgs,
     ) -> DfResult<Arc<Statistics>> {
-        Ok(Arc::new(match args.partition() {
-            None => self
-                .stats
-                .for_planner(self.frame.meta(), &self.chunks, &self.columns),
-            Some(_) => Statistics::new_unknown(&self.schema),
-        }))
+        Ok(match args.partition() {
+            None => self.planner_stats.clone(),
+            Some(_) => Arc::new(Statistics::new_unknown(&self.schema)),
+        })
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
