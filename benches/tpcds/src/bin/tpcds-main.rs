@@ -278,10 +278,16 @@ fn main() -> Result<()> {
     };
 
     if args.explain {
+        let mut planning = std::time::Duration::ZERO;
         for q in &queries {
             let sql = scad_tpcds::engine::query_sql(&set, q)?;
-            println!("-- {q}\n{}", session.explain(&sql)?);
+            let started = std::time::Instant::now();
+            let plan = session.explain(&sql)?;
+            let took = started.elapsed();
+            planning += took;
+            println!("-- {q} (planned in {took:.1?})\n{plan}");
         }
+        println!("planned {} queries in {planning:.2?}", queries.len());
         return Ok(());
     }
     if args.analyze {
