@@ -474,6 +474,12 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
         }
     }
     let rest: Vec<&BufferRef> = bufs.collect();
+    if cc.packing.is_some() && !col.dtype.packable() {
+        return bad(format!(
+            "values packed, but a {} column is never packed",
+            col.dtype
+        ));
+    }
     match col.dtype {
         ColumnType::Null => {
             if !rest.is_empty() || cc.null_count != ch.rows {
@@ -497,9 +503,9 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
             let mut w = t.width().unwrap_or(1);
             if let Some(p) = cc.packing {
                 let packed = u64::from(p.width);
-                if !t.packable() || !matches!(packed, 1 | 2 | 4 | 8) || packed >= w {
+                if !matches!(packed, 1 | 2 | 4 | 8) || packed >= w {
                     return bad(format!(
-                        "values packed in {packed} bytes (a {t} column packs into 1, 2, 4 or 8 bytes, fewer than its {w}, if at all)"
+                        "values packed in {packed} bytes (a {t} column packs into 1, 2, 4 or 8 bytes, fewer than its {w})"
                     ));
                 }
                 let (lo, hi) = t.value_range().unwrap_or((0, 0));

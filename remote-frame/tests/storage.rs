@@ -533,10 +533,19 @@ fn bad_packing_metadata_is_refused() {
     expect_meta(repacked(6, |p| p.base = 40_000), "base 40000");
     // Unsigned types have no negative base.
     expect_meta(repacked(8, |p| p.base = -1), "base -1");
-    // Packing on a column of a type that is never packed.
-    let mut m = meta.clone();
-    m.schema[1].dtype = scad_remote_frame::ColumnType::Float64;
-    expect_meta(m, "float64 column");
+    // Packing on a column of a type that is never packed, refused when the frame is
+    // opened, not when the chunk is read.
+    use scad_remote_frame::ColumnType;
+    for dtype in [
+        ColumnType::Float64,
+        ColumnType::String,
+        ColumnType::Boolean,
+        ColumnType::Null,
+    ] {
+        let mut m = meta.clone();
+        m.schema[1].dtype = dtype;
+        expect_meta(m, &format!("a {dtype} column is never packed"));
+    }
     // Version 2 frames predate packing.
     let mut m = meta.clone();
     m.version = 2;
