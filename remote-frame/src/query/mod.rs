@@ -905,8 +905,9 @@ mod tests {
     use datafusion::common::DataFusionError;
 
     use super::test_env::local_env;
-    use super::{query_error, QuerySession};
+    use super::{partitions, query_error, QuerySession};
     use crate::budget::Budget;
+    use crate::env::FrameEnv;
     use crate::error::{Error, NameKind};
     use crate::frame::RemoteFrame;
 
@@ -998,6 +999,74 @@ mod tests {
         );
         let want = unlimited.sql(sql).unwrap().to_polars().unwrap();
         let got = s.sql(sql).unwrap().to_polars().unwrap();
+        assert!(got.equals_missing(&want));
+    }
+
+    #[test]
+    fn a_budget_runs_one_partition_per_96_mib_up_to_the_cores() {
+        let mib = |m: u64| Budget::bytes(m << 20).unwrap();
+        assert_eq!(partitions(Budget::Unlimited, 2), 2);
+        assert_eq!(partitions(mib(25), 2), 1);
+        assert_eq!(partitions(mib(191), 2), 1);
+        // The SF 1 main job's budget (25 % of store_sales).
+        assert_eq!(partitions(mib(194), 2), 2);
+        assert_eq!(partitions(mib(300), 8), 3);
+        assert_eq!(partitions(mib(4096), 8), 8);
+    }
+
+    #[test]
+    fn over_several_partitions_only_small_build_sides_are_collected() {
+        // A build side collected for all partitions is DataFusion's join, which cannot
+        // spill: under a budget only one estimated below a 64th of it is collected.
+        let env = local_env(1, 64 << 20);
+        let rows = 40_000i64;
+        let big = |name: &str| {
+            let t = RemoteFrame::from_polars(
+                &env,
+                &df!("k" => (0..rows).collect::<Vec<_>>(),
+                     "v" => (0..rows).map(|i| i * 3).collect::<Vec<_>>())
+                .unwrap(),
+            )
+            .unwrap();
+            (name.to_owned(), t)
+        };
+        let small = RemoteFrame::from_polars(&env, &df!("k" => [1i64, 2, 3]).unwrap()).unwrap();
+        let tables = [big("a"), big("b"), ("s".to_owned(), small)];
+        let sql = "SELECT count(*) AS n, sum(a.v + b.v) AS total FROM a \
+                   JOIN b ON a.k = b.k JOIN s ON b.k % 4 = s.k";
+        let session = |env: &FrameEnv| {
+            let s = QuerySession::with_partitions(env, 2).unwrap();
+            for (name, t) in &tables {
+                s.register(name, t).unwrap();
+            }
+            s
+        };
+        let joins = |s: &QuerySession| -> Vec<String> {
+            s.explain(sql)
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("HashJoinExec: mode="))
+                .map(str::to_owned)
+                .collect()
+        };
+        let unlimited = session(&env);
+        let plain = joins(&unlimited);
+        // Unlimited, DataFusion collects both (640 KB of rows is under its 1 MB).
+        assert!(
+            plain.iter().all(|l| l.contains("mode=CollectLeft")),
+            "{plain:?}"
+        );
+        // 8 MiB: a 64th is 128 KiB; the two large inputs are joined partitioned.
+        let budgeted = session(&env.with_budget(Budget::bytes(8 << 20).unwrap()));
+        let limited = joins(&budgeted);
+        assert!(
+            limited
+                .iter()
+                .any(|l| l.contains("SpillingHashJoinExec") && l.contains("mode=Partitioned")),
+            "{limited:?}"
+        );
+        let want = unlimited.sql(sql).unwrap().to_polars().unwrap();
+        let got = budgeted.sql(sql).unwrap().to_polars().unwrap();
         assert!(got.equals_missing(&want));
     }
 
