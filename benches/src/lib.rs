@@ -37,7 +37,8 @@ const PALETTE: [RGBColor; 6] = [
 ];
 
 /// Draws `bars` top to bottom as a horizontal bar chart into a PNG at `path`, the value
-/// written at the end of each bar and one colour per group (with a legend).
+/// written at the end of each bar and one colour per group (with a legend when a group
+/// has several bars).
 ///
 /// # Errors
 /// No drawable bar, or a drawing or encoding error.
@@ -113,14 +114,18 @@ pub fn horizontal_bars(path: &Path, title: &str, value_desc: &str, bars: &[Bar])
             )
         }))
         .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 16))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
+    // A legend only where it says more than the bars' own labels: with one bar per
+    // group it covered the longest bars' values.
+    if groups.len() < bars.len() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 16))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+    }
     root.present().map_err(|e| anyhow!("{e}"))?;
     Ok(())
 }
