@@ -29,7 +29,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::common::Result as DfResult;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
@@ -49,7 +49,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::grace::{
     level_seed, partition_stream, spill_partitioned, OneShotExec, AGGREGATE_FANOUT, MAX_LEVEL,
 };
-use super::operator::replace_each;
+use super::operator::{only_child, replace_each};
 use super::reserved_pool::ReservedPool;
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
 
@@ -180,12 +180,7 @@ impl ExecutionPlan for SpillingAggregateExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children).map_err(|c| {
-            DataFusionError::Internal(format!(
-                "SpillingAggregateExec takes one child, got {}",
-                c.len()
-            ))
-        })?;
+        let input = only_child("SpillingAggregateExec", children)?;
         Ok(Arc::new(SpillingAggregateExec::new(
             self.with_input(input)?,
             self.level,

@@ -1,13 +1,24 @@
 //! What our operators share: the parts every leaf (a scan, a stage input, a prepared
-//! stream) implements the same way, the `with_new_children` of all of them, and the
-//! physical-optimizer step that swaps one of ours in for each DataFusion operator of
-//! a kind.
+//! stream) implements the same way, the `with_new_children` of all of them, taking
+//! the one child of an operator that has one, and the physical-optimizer step that
+//! swaps one of ours in for each DataFusion operator of a kind.
 
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::Result as DfResult;
+use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::physical_plan::ExecutionPlan;
+
+/// The one child in `children` of the operator `name` (for its `replace_children`).
+pub(crate) fn only_child(
+    name: &str,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let [child] = <[_; 1]>::try_from(children).map_err(|c| {
+        DataFusionError::Internal(format!("{name} takes one child, got {}", c.len()))
+    })?;
+    Ok(child)
+}
 
 /// `plan` with every operator of type `T` for which `replace` gives a replacement
 /// replaced by it (bottom-up, so a replacement's input is already final).

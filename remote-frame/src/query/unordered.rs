@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::common::Result as DfResult;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -24,7 +24,7 @@ use datafusion::physical_plan::{
     PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 
-use super::operator::replace_each;
+use super::operator::{only_child, replace_each};
 
 /// Gives each partial aggregate whose only sorted grouping keys are constants an
 /// unordered input (see the module docs; a physical optimizer rule).
@@ -126,9 +126,7 @@ impl ExecutionPlan for UnorderedExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children).map_err(|c| {
-            DataFusionError::Internal(format!("UnorderedExec takes one child, got {}", c.len()))
-        })?;
+        let input = only_child("UnorderedExec", children)?;
         Ok(Arc::new(UnorderedExec::new(input)))
     }
 
