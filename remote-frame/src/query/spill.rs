@@ -211,18 +211,19 @@ impl SpillFile for RemoteSpillFile {
         // read on the polling thread, as writers write theirs: handing each read to
         // a blocking thread cost two thread switches per block, a fifth of the CPU
         // of a query spilling 100 KiB blocks (q67 at 25 MiB: 2.74 s -> 2.37 s).
-        let stream =
-            futures::stream::unfold((self.inner.clone(), 0usize), |(inner, next)| async move {
-                let block = inner
-                    .blocks
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(next)
-                    .cloned()?;
-                let read = inner.read(&block);
-                Some((read, (inner, next + 1)))
-            });
-        Ok(Box::pin(stream))
+        let inner = self.inner.clone();
+        let mut next = 0usize;
+        let blocks = std::iter::from_fn(move || {
+            let block = inner
+                .blocks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(next)
+                .cloned()?;
+            next += 1;
+            Some(inner.read(&block))
+        });
+        Ok(Box::pin(futures::stream::iter(blocks)))
     }
 
     fn open_writer(&self) -> DfResult<Box<dyn SpillWriter>> {
