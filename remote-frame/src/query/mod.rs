@@ -919,6 +919,24 @@ mod tests {
     use crate::error::{Error, NameKind};
     use crate::frame::RemoteFrame;
 
+    /// A frame of `rows` rows: `k` = row % `keys`, `v` = row.
+    fn keyed_frame(env: &FrameEnv, rows: i64, keys: i64) -> RemoteFrame {
+        let frame = df!("k" => (0..rows).map(|i| i % keys).collect::<Vec<_>>(),
+                        "v" => (0..rows).collect::<Vec<_>>())
+        .unwrap();
+        RemoteFrame::from_polars(env, &frame).unwrap()
+    }
+
+    /// The lines of `sql`'s plan in `s` that contain `operator`.
+    fn plan_lines(s: &QuerySession, sql: &str, operator: &str) -> Vec<String> {
+        s.explain(sql)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(operator))
+            .map(str::to_owned)
+            .collect()
+    }
+
     #[test]
     fn sessions_share_one_runtime() {
         let env = local_env(1, 16 << 20);
@@ -937,13 +955,7 @@ mod tests {
     #[test]
     fn under_a_budget_sorts_and_windows_run_in_one_partition_and_aggregates_share_it() {
         let env = local_env(1, 64 << 20);
-        let t = RemoteFrame::from_polars(
-            &env,
-            &df!("k" => (0..20_000i64).map(|i| i % 97).collect::<Vec<_>>(),
-                 "v" => (0..20_000i64).collect::<Vec<_>>())
-            .unwrap(),
-        )
-        .unwrap();
+        let t = keyed_frame(&env, 20_000, 97);
         let budgeted = env.with_budget(Budget::from_limit(Some(8 << 20)).unwrap());
         let s = QuerySession::with_partitions(&budgeted, 2).unwrap();
         s.register("t", &t).unwrap();
@@ -954,8 +966,8 @@ mod tests {
         assert!(plan.contains("SpillingAggregateExec"), "{plan}");
         assert!(plan.contains("Hash(["), "{plan}");
         assert!(
-            plan.lines()
-                .filter(|l| l.contains("SortExec"))
+            plan_lines(&s, sql, "SortExec")
+                .iter()
                 .all(|l| !l.contains("preserve_partitioning=[true]")),
             "{plan}"
         );
@@ -971,27 +983,13 @@ mod tests {
         // DataFusion's repartition hangs when two of its inputs spill into its pool at
         // once (see `repartition`): under a budget each reads one merged input.
         let env = local_env(1, 64 << 20);
-        let t = RemoteFrame::from_polars(
-            &env,
-            &df!("k" => (0..50_000i64).map(|i| i % 1_001).collect::<Vec<_>>(),
-                 "v" => (0..50_000i64).collect::<Vec<_>>())
-            .unwrap(),
-        )
-        .unwrap();
+        let t = keyed_frame(&env, 50_000, 1_001);
         let sql = "SELECT a.k, count(*) AS n, sum(b.v) AS s FROM \
                    (SELECT k, max(v) AS v FROM t GROUP BY k) a JOIN t b ON a.k = b.k \
                    GROUP BY a.k ORDER BY a.k";
-        let repartitions = |s: &QuerySession| -> Vec<String> {
-            s.explain(sql)
-                .unwrap()
-                .lines()
-                .filter(|l| l.contains("RepartitionExec"))
-                .map(str::to_owned)
-                .collect()
-        };
         let unlimited = QuerySession::with_partitions(&env, 2).unwrap();
         unlimited.register("t", &t).unwrap();
-        let plain = repartitions(&unlimited);
+        let plain = plan_lines(&unlimited, sql, "RepartitionExec");
         assert!(
             plain.iter().any(|l| l.contains("input_partitions=2")),
             "{plain:?}"
@@ -999,7 +997,7 @@ mod tests {
         let budgeted = env.with_budget(Budget::from_limit(Some(1 << 20)).unwrap());
         let s = QuerySession::with_partitions(&budgeted, 2).unwrap();
         s.register("t", &t).unwrap();
-        let merged = repartitions(&s);
+        let merged = plan_lines(&s, sql, "RepartitionExec");
         assert!(merged.iter().any(|l| l.contains("Hash([")), "{merged:?}");
         assert!(
             merged.iter().all(|l| l.contains("input_partitions=1")),
@@ -1049,16 +1047,8 @@ mod tests {
             }
             s
         };
-        let joins = |s: &QuerySession| -> Vec<String> {
-            s.explain(sql)
-                .unwrap()
-                .lines()
-                .filter(|l| l.contains("HashJoinExec: mode="))
-                .map(str::to_owned)
-                .collect()
-        };
         let unlimited = session(&env);
-        let plain = joins(&unlimited);
+        let plain = plan_lines(&unlimited, sql, "HashJoinExec: mode=");
         // Unlimited, DataFusion collects both (640 KB of rows is under its 1 MB).
         assert!(
             plain.iter().all(|l| l.contains("mode=CollectLeft")),
@@ -1066,7 +1056,7 @@ mod tests {
         );
         // 8 MiB: a 64th is 128 KiB; the two large inputs are joined partitioned.
         let budgeted = session(&env.with_budget(Budget::bytes(8 << 20).unwrap()));
-        let limited = joins(&budgeted);
+        let limited = plan_lines(&budgeted, sql, "HashJoinExec: mode=");
         assert!(
             limited
                 .iter()
