@@ -63,6 +63,7 @@ mod peak;
 mod repartition;
 mod reserved_pool;
 mod scan;
+mod shared;
 mod skew;
 mod spill;
 mod stage;
@@ -372,6 +373,14 @@ impl QuerySession {
             .position(|r| r.name() == "join_selection")
             .map_or(0, |i| i + 1);
         rules.insert(at, Arc::new(join_order::JoinOrder));
+        // Repeated subtrees (a CTE referenced twice) run once: after every rule that
+        // shapes the copies and before the dynamic filters are pushed down, which
+        // would make a copy depend on the operators above it.
+        let at = rules
+            .iter()
+            .position(|r| r.name() == "FilterPushdown(Post)")
+            .unwrap_or(rules.len());
+        rules.insert(at, Arc::new(shared::SharedSubplans));
         if limit.is_some() {
             // Aggregation stays in two phases under a budget: the partial phase emits
             // early when its memory runs short, and the final phase is the one
@@ -511,6 +520,14 @@ impl QuerySession {
                     .options_mut()
                     .optimizer
                     .enable_join_dynamic_filter_pushdown = false;
+                // A shared output lives in one process; a stage's tasks run apart.
+                let mut builder = SessionStateBuilder::new_from_existing(state);
+                if let Some(optimizer) = builder.physical_optimizers() {
+                    optimizer
+                        .rules
+                        .retain(|r| r.name() != shared::SharedSubplans::NAME);
+                }
+                state = builder.build();
             }
             let logical = state.optimize(plan).map_err(query_error)?;
             let physical = state
@@ -578,8 +595,17 @@ impl QuerySession {
         let collected = self
             .runtime
             .block_on(collect(physical.clone(), self.ctx.task_ctx()));
-        self.await_spill_release();
-        let batches = collected.map_err(|e| self.run_error(e))?;
+        let batches = match collected {
+            Ok(batches) => {
+                self.await_spill_release();
+                batches
+            }
+            Err(e) => {
+                drop(physical);
+                self.await_release_after_failure();
+                return Err(self.run_error(e));
+            }
+        };
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
         let stats = self.measure_end(before, rows, physical.as_ref());
         Ok(QueryOutput {
@@ -616,8 +642,17 @@ impl QuerySession {
             }
             writer.finish()
         });
-        self.await_spill_release();
-        let frame = written?;
+        let frame = match written {
+            Ok(frame) => {
+                self.await_spill_release();
+                frame
+            }
+            Err(e) => {
+                drop(physical);
+                self.await_release_after_failure();
+                return Err(e);
+            }
+        };
         let stats = self.measure_end(before, frame.rows(), physical.as_ref());
         env.record_query(&stats);
         Ok((frame, stats))
@@ -654,12 +689,26 @@ impl QuerySession {
     /// failure, the query's other tasks are cancelled and drop theirs on the runtime's
     /// threads a moment later.
     fn await_spill_release(&self) {
+        self.await_release(false);
+    }
+
+    /// Waits (boundedly) until a failed query's spill files are freed and its
+    /// reservations given back: its cancelled tasks drop what they hold on the
+    /// runtime's threads a moment after the error reaches the caller. (After a query
+    /// that succeeded, its answer's plan may still hold DataFusion's collected join
+    /// build sides.)
+    fn await_release_after_failure(&self) {
+        self.await_release(true);
+    }
+
+    fn await_release(&self, reservations: bool) {
         let deadline = Instant::now() + SPILL_RELEASE_WAIT;
-        while self.spill_bytes_held() > 0 {
+        while self.spill_bytes_held() > 0 || (reservations && self.reserved_bytes() > 0) {
             if Instant::now() >= deadline {
                 tracing::warn!(
-                    bytes = self.spill_bytes_held(),
-                    "spill files still held after the query ended"
+                    spilled = self.spill_bytes_held(),
+                    reserved = self.reserved_bytes(),
+                    "memory still held after the query ended"
                 );
                 return;
             }
