@@ -1011,39 +1011,24 @@ mod tests {
         (out, got)
     }
 
-    /// The sum of metric `name` over the plan's operators that `pick` chooses.
-    fn plan_metric(out: &QueryOutput, name: &str, pick: fn(&dyn ExecutionPlan) -> bool) -> usize {
-        fn walk(
-            plan: &dyn ExecutionPlan,
-            name: &str,
-            pick: fn(&dyn ExecutionPlan) -> bool,
-        ) -> usize {
-            let own = if pick(plan) {
-                plan.metrics()
-                    .and_then(|m| m.sum_by_name(name))
-                    .map_or(0, |v| v.as_usize())
-            } else {
-                0
-            };
-            own + plan
-                .children()
-                .into_iter()
-                .map(|c| walk(c.as_ref(), name, pick))
-                .sum::<usize>()
-        }
-        walk(out.plan.as_ref(), name, pick)
+    /// The sum of metric `name` over the plan's operators named `operator`.
+    fn plan_metric(out: &QueryOutput, name: &str, operator: &str) -> usize {
+        out.operator_metrics
+            .iter()
+            .filter(|(op, _)| op == operator)
+            .filter_map(|(_, metrics)| metrics.sum_by_name(name))
+            .map(|v| v.as_usize())
+            .sum()
     }
 
     /// The sum of a metric over the plan's spilling joins.
     fn join_metric(out: &QueryOutput, name: &str) -> usize {
-        plan_metric(out, name, |p| {
-            p.downcast_ref::<SpillingHashJoinExec>().is_some()
-        })
+        plan_metric(out, name, "SpillingHashJoinExec")
     }
 
     /// The chunks a query's scans skipped on dynamic filters.
     fn chunks_pruned(out: &QueryOutput) -> usize {
-        plan_metric(out, "chunks_pruned", |p| p.name() == "RemoteScanExec")
+        plan_metric(out, "chunks_pruned", "RemoteScanExec")
     }
 
     // Every key of `small` matches once in `big`: ROWS / 4 rows.

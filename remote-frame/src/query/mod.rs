@@ -173,7 +173,13 @@ pub struct QueryOutput {
     batches: Vec<RecordBatch>,
     ordered: bool,
     stats: QueryStats,
-    plan: Arc<dyn ExecutionPlan>,
+    /// The plan with each operator's metrics, as EXPLAIN ANALYZE prints it: rendered
+    /// when the query ends, so that the answer does not keep the plan, which holds
+    /// DataFusion's collected join build sides (reserved in the budget) until dropped.
+    analyzed: String,
+    /// Each operator's name and metrics, depth first.
+    #[cfg(test)]
+    operator_metrics: Vec<(String, datafusion::physical_plan::metrics::MetricsSet)>,
 }
 
 impl QueryOutput {
@@ -237,11 +243,7 @@ impl QueryOutput {
     /// The physical plan with each operator's metrics from this run (rows, time,
     /// bytes read, spills, memory): EXPLAIN ANALYZE.
     pub fn explain_analyze(&self) -> String {
-        DisplayableExecutionPlan::with_metrics(self.plan.as_ref())
-            .indent(true)
-            .to_string()
-            .trim_end()
-            .to_owned()
+        self.analyzed.clone()
             + &format!(
                 "\n-- rows={} elapsed={:?} peak_local={} budget={} scan_bytes={} spill_files={} spill_written={} spill_read={}",
                 self.stats.rows,
@@ -608,12 +610,17 @@ impl QuerySession {
         };
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
         let stats = self.measure_end(before, rows, physical.as_ref());
+        let analyzed = DisplayableExecutionPlan::with_metrics(physical.as_ref())
+            .indent(true)
+            .to_string();
         Ok(QueryOutput {
             schema: physical.schema(),
             batches,
             ordered: is_ordered(&logical),
             stats,
-            plan: physical,
+            analyzed: analyzed.trim_end().to_owned(),
+            #[cfg(test)]
+            operator_metrics: operator_metrics(physical.as_ref()),
         })
     }
 
@@ -838,6 +845,20 @@ fn batch_rows(budget: Budget) -> usize {
 
 /// Whether the plan's answer is ordered: a sort at its top, under projections and
 /// limits only.
+/// Each operator of `plan` with its metrics, depth first.
+#[cfg(test)]
+fn operator_metrics(
+    plan: &dyn ExecutionPlan,
+) -> Vec<(String, datafusion::physical_plan::metrics::MetricsSet)> {
+    let mut all = Vec::new();
+    let mut stack = vec![plan];
+    while let Some(p) = stack.pop() {
+        all.push((p.name().to_owned(), p.metrics().unwrap_or_default()));
+        stack.extend(p.children().into_iter().rev().map(AsRef::as_ref));
+    }
+    all
+}
+
 fn is_ordered(plan: &LogicalPlan) -> bool {
     match plan {
         LogicalPlan::Sort(_) => true,

@@ -25,7 +25,7 @@ use datafusion::common::runtime::JoinSet;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Statistics;
 use datafusion::common::{DataFusionError, Result as DfResult};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::spill_file::SpillFile;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
@@ -58,6 +58,12 @@ const WORK: [&str; 8] = [
     "SortExec",
 ];
 
+/// Shared outputs hold at most this fraction of a budget in memory (the rest goes
+/// to spill files in the memory elements): it is held while the rest of the query
+/// runs, and the operators above it still need theirs. Writing and reading it back
+/// costs far less than running the subtree again.
+const HELD_SHARE: usize = 8;
+
 /// Replaces every repeated subtree of a plan with [`SharedExec`]s over one result
 /// (see the module docs; a physical optimizer rule).
 #[derive(Debug, Default)]
@@ -79,6 +85,7 @@ impl PhysicalOptimizerRule for SharedSubplans {
         if copies.is_empty() {
             return Ok(plan);
         }
+        let outputs = copies.len();
         let mut results: HashMap<usize, Arc<SharedResult>> = HashMap::new();
         plan.transform_down(|node| {
             let id = ids.of(&node);
@@ -88,7 +95,7 @@ impl PhysicalOptimizerRule for SharedSubplans {
             let number = results.len() + 1;
             let result = results
                 .entry(id)
-                .or_insert_with(|| Arc::new(SharedResult::new(number, n)))
+                .or_insert_with(|| Arc::new(SharedResult::new(number, n, outputs)))
                 .clone();
             let shared: Arc<dyn ExecutionPlan> = Arc::new(SharedExec::new(node, result));
             Ok(Transformed::new(shared, true, TreeNodeRecursion::Jump))
@@ -234,6 +241,8 @@ struct SharedResult {
     id: usize,
     /// Copies of the subtree in the plan.
     copies: usize,
+    /// Shared outputs in the plan: they divide what outputs may hold in memory.
+    outputs: usize,
     /// Held while the subtree runs, so that it runs once.
     running: tokio::sync::Mutex<()>,
     /// The output, once computed and until its last expected read ended.
@@ -252,10 +261,11 @@ impl fmt::Debug for SharedResult {
 }
 
 impl SharedResult {
-    fn new(id: usize, copies: usize) -> Self {
+    fn new(id: usize, copies: usize, outputs: usize) -> Self {
         SharedResult {
             id,
             copies,
+            outputs,
             running: tokio::sync::Mutex::new(()),
             output: Mutex::new(None),
             reads_ended: AtomicUsize::new(0),
@@ -280,7 +290,7 @@ impl SharedResult {
         if let Some(output) = self.held() {
             return Ok(output);
         }
-        let output = Arc::new(Output::compute(self.id, input, context, metrics).await?);
+        let output = Arc::new(Output::compute(self, input, context, metrics).await?);
         *self.output.lock().unwrap_or_else(PoisonError::into_inner) = Some(output.clone());
         Ok(output)
     }
@@ -318,7 +328,7 @@ struct StoredPartition {
 impl Output {
     /// Runs all partitions of `input` at once and stores their batches.
     async fn compute(
-        id: usize,
+        result: &SharedResult,
         input: &Arc<dyn ExecutionPlan>,
         context: &Arc<TaskContext>,
         metrics: &ExecutionPlanMetricsSet,
@@ -329,14 +339,20 @@ impl Output {
             input.schema(),
         ));
         let partitions = input.properties().partitioning.partition_count();
+        // Each partition's share of what an output may hold in memory.
+        let cap = match context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes / HELD_SHARE / result.outputs / partitions.max(1),
+            _ => usize::MAX,
+        };
         let mut tasks = JoinSet::new();
         for p in 0..partitions {
             let stream = input.execute(p, context.clone())?;
-            let reservation = MemoryConsumer::new(format!("SharedExec[{id}] partition {p}"))
-                .with_can_spill(true)
-                .register(context.memory_pool());
+            let reservation =
+                MemoryConsumer::new(format!("SharedExec[{}] partition {p}", result.id))
+                    .with_can_spill(true)
+                    .register(context.memory_pool());
             let spill = spill.clone();
-            tasks.spawn(async move { (p, store(stream, reservation, spill).await) });
+            tasks.spawn(async move { (p, store(stream, reservation, cap, spill).await) });
         }
         let mut stored: Vec<Option<StoredPartition>> = (0..partitions).map(|_| None).collect();
         while let Some(joined) = tasks.join_next().await {
@@ -387,10 +403,12 @@ impl Output {
     }
 }
 
-/// Keeps the batches of `stream` while `reservation` can grow, and spills the rest.
+/// Keeps the batches of `stream` while `reservation` can grow within `cap` bytes,
+/// and spills the rest.
 async fn store(
     mut stream: SendableRecordBatchStream,
     reservation: datafusion::execution::memory_pool::MemoryReservation,
+    cap: usize,
     spill: Arc<SpillManager>,
 ) -> DfResult<StoredPartition> {
     let mut held = Vec::new();
@@ -400,7 +418,11 @@ async fn store(
         if batch.num_rows() == 0 {
             continue;
         }
-        if file.is_none() && reservation.try_grow(batch.get_array_memory_size()).is_ok() {
+        let size = batch.get_array_memory_size();
+        if file.is_none()
+            && reservation.size().saturating_add(size) <= cap
+            && reservation.try_grow(size).is_ok()
+        {
             held.push(batch);
             continue;
         }
@@ -622,9 +644,7 @@ mod tests {
         // The table is read once, not once per reference.
         assert_eq!(shared.stats().scan_bytes, once.stats().scan_bytes);
         assert_eq!(unshared.stats().scan_bytes, 2 * once.stats().scan_bytes);
-        // An answer keeps its plan (for EXPLAIN ANALYZE), and DataFusion's plan its
-        // joins' build sides: nothing else is left once the answers are dropped.
-        drop((once, shared, unshared));
+        // The answers do not keep their plans' join build sides reserved.
         assert_eq!(s.reserved_bytes(), 0);
     }
 
@@ -718,7 +738,7 @@ mod tests {
             .create_physical_plan()
             .await
             .unwrap();
-        let result = Arc::new(SharedResult::new(1, 2));
+        let result = Arc::new(SharedResult::new(1, 2, 1));
         let first = Arc::new(SharedExec::new(input.clone(), result.clone()));
         let second = Arc::new(SharedExec::new(input, result.clone()));
         let context: Arc<TaskContext> = ctx.task_ctx();
