@@ -62,6 +62,7 @@ mod owned;
 mod peak;
 mod repartition;
 mod reserved_pool;
+mod running;
 mod scan;
 mod shared;
 mod skew;
@@ -394,6 +395,7 @@ impl QuerySession {
             .with_runtime_env(runtime_env)
             .with_default_features()
             .with_physical_optimizer_rules(rules);
+        state = state.with_physical_optimizer_rule(Arc::new(running::RunningWindows));
         if limit.is_none() || partitions > 1 {
             // Not under a budget too small for two partitions: a partial aggregate
             // short of memory emits early, its probe reads that as no reduction, and
