@@ -1,7 +1,8 @@
 //! What our operators share: the parts every leaf (a scan, a stage input, a prepared
-//! stream) implements the same way, the `with_new_children` of all of them, taking
-//! the one child of an operator that has one, and the physical-optimizer step that
-//! swaps one of ours in for each DataFusion operator of a kind.
+//! stream) implements the same way, the plan methods of an operator that runs a
+//! DataFusion window's work in its place, the `with_new_children` of all of them,
+//! taking the one child of an operator that has one, and the physical-optimizer step
+//! that swaps one of ours in for each DataFusion operator of a kind.
 
 use std::sync::Arc;
 
@@ -129,5 +130,70 @@ macro_rules! with_new_children_by_replace {
     };
 }
 
+/// Inside `impl ExecutionPlan for $ty` of an operator that runs in place of the window
+/// in its field `$window` (a DataFusion window operator): everything about the plan
+/// (properties, the child, expressions, input requirements, statistics) is the
+/// window's.
+macro_rules! window_plan_methods {
+    ($window:ident) => {
+        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            self.$window.properties()
+        }
+
+        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            vec![self.$window.input()]
+        }
+
+        fn apply_expressions(
+            &self,
+            f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::common::Result<
+                datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            self.$window.apply_expressions(f)
+        }
+
+        fn maintains_input_order(&self) -> Vec<bool> {
+            self.$window.maintains_input_order()
+        }
+
+        fn required_input_ordering(
+            &self,
+        ) -> Vec<Option<datafusion::physical_expr::OrderingRequirements>> {
+            self.$window.required_input_ordering()
+        }
+
+        fn input_distribution_requirements(
+            &self,
+        ) -> datafusion::physical_plan::InputDistributionRequirements {
+            self.$window.input_distribution_requirements()
+        }
+
+        fn child_stats_requests(
+            &self,
+            partition: Option<usize>,
+        ) -> Vec<datafusion::physical_plan::statistics::ChildStats> {
+            self.$window.child_stats_requests(partition)
+        }
+
+        fn statistics_from_inputs(
+            &self,
+            input_stats: &[std::sync::Arc<datafusion::common::Statistics>],
+            args: &datafusion::physical_plan::statistics::StatisticsArgs,
+        ) -> datafusion::common::Result<std::sync::Arc<datafusion::common::Statistics>> {
+            self.$window.statistics_from_inputs(input_stats, args)
+        }
+
+        fn cardinality_effect(
+            &self,
+        ) -> datafusion::physical_plan::execution_plan::CardinalityEffect {
+            self.$window.cardinality_effect()
+        }
+    };
+}
+
 pub(crate) use leaf_plan_methods;
+pub(crate) use window_plan_methods;
 pub(crate) use with_new_children_by_replace;

@@ -22,21 +22,18 @@ use arrow_buffer::{BooleanBufferBuilder, NullBuffer};
 use arrow_schema::{DataType, SchemaRef, SortOptions};
 use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result as DfResult, Statistics};
+use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits};
 use datafusion::physical_expr::window::PlainAggregateWindowExpr;
-use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowExpr};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, InputOrderMode,
-    PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, ReplaceChildrenOptions,
+    SendableRecordBatchStream,
 };
 use futures::StreamExt;
 
@@ -215,48 +212,7 @@ impl ExecutionPlan for RunningWindowExec {
         "RunningWindowExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.window.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.window.input()]
-    }
-
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        self.window.apply_expressions(f)
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        self.window.maintains_input_order()
-    }
-
-    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
-        self.window.required_input_ordering()
-    }
-
-    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
-        self.window.input_distribution_requirements()
-    }
-
-    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        self.window.child_stats_requests(partition)
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        args: &StatisticsArgs,
-    ) -> DfResult<Arc<Statistics>> {
-        self.window.statistics_from_inputs(input_stats, args)
-    }
-
-    fn cardinality_effect(&self) -> CardinalityEffect {
-        self.window.cardinality_effect()
-    }
+    super::operator::window_plan_methods!(window);
 
     fn replace_children(
         self: Arc<Self>,

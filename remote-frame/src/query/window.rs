@@ -21,23 +21,19 @@ use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 use datafusion::arrow::compute::{concat, concat_batches, take_record_batch};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::utils::evaluate_partition_ranges;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_expr::PhysicalSortExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::execution_plan::CardinalityEffect;
 use datafusion::physical_plan::metrics::{
     ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
 };
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::windows::{WindowAggExec, WindowExpr};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties,
-    ReplaceChildrenOptions, SendableRecordBatchStream, Statistics,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 use futures::StreamExt;
 
@@ -121,48 +117,7 @@ impl ExecutionPlan for PartitionedWindowExec {
         "PartitionedWindowExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.window.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.window.input()]
-    }
-
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        self.window.apply_expressions(f)
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        self.window.maintains_input_order()
-    }
-
-    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
-        self.window.required_input_ordering()
-    }
-
-    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
-        self.window.input_distribution_requirements()
-    }
-
-    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        self.window.child_stats_requests(partition)
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        args: &StatisticsArgs,
-    ) -> DfResult<Arc<Statistics>> {
-        self.window.statistics_from_inputs(input_stats, args)
-    }
-
-    fn cardinality_effect(&self) -> CardinalityEffect {
-        self.window.cardinality_effect()
-    }
+    super::operator::window_plan_methods!(window);
 
     fn replace_children(
         self: Arc<Self>,
