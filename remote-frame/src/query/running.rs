@@ -284,10 +284,11 @@ impl ExecutionPlan for RunningWindowExec {
 }
 
 /// A running aggregate's state at the last row read.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Acc {
-    /// Sum, minimum or maximum so far (as bits of its type), if a value was not null.
-    value: Option<u128>,
+    /// Sum, minimum or maximum so far: the last row's result, one row of the
+    /// aggregate's type (null while the partition had only nulls).
+    value: Option<ArrayRef>,
     /// Non-null values so far (count's result).
     count: i64,
 }
@@ -377,40 +378,6 @@ fn count(values: &dyn Array, starts: &[bool], acc: &mut Acc) -> Int64Array {
     Int64Array::from(counts)
 }
 
-/// How a native value is kept in an [`Acc`]: its bits.
-trait Bits: Copy {
-    fn to_bits(self) -> u128;
-    fn from_bits(bits: u128) -> Self;
-}
-
-impl Bits for i64 {
-    fn to_bits(self) -> u128 {
-        u128::from(u64::from_ne_bytes(self.to_ne_bytes()))
-    }
-    fn from_bits(bits: u128) -> Self {
-        let low = u64::try_from(bits & u128::from(u64::MAX)).unwrap_or_default();
-        i64::from_ne_bytes(low.to_ne_bytes())
-    }
-}
-
-impl Bits for f64 {
-    fn to_bits(self) -> u128 {
-        u128::from(f64::to_bits(self))
-    }
-    fn from_bits(bits: u128) -> Self {
-        f64::from_bits(u64::try_from(bits & u128::from(u64::MAX)).unwrap_or_default())
-    }
-}
-
-impl Bits for i128 {
-    fn to_bits(self) -> u128 {
-        u128::from_ne_bytes(self.to_ne_bytes())
-    }
-    fn from_bits(bits: u128) -> Self {
-        i128::from_ne_bytes(bits.to_ne_bytes())
-    }
-}
-
 /// The running sum, minimum or maximum of `values` (as DataFusion's accumulators
 /// combine them: wrapping sums, floats in total order), null until a partition's
 /// first non-null value.
@@ -422,7 +389,6 @@ fn combine<T>(
 ) -> DfResult<PrimitiveArray<T>>
 where
     T: ArrowPrimitiveType,
-    T::Native: Bits,
 {
     let values = values
         .as_any()
@@ -432,7 +398,12 @@ where
         })?;
     let mut out: Vec<T::Native> = Vec::with_capacity(values.len());
     let mut valid = BooleanBufferBuilder::new(values.len());
-    let mut current: Option<T::Native> = acc.value.map(T::Native::from_bits);
+    let mut current: Option<T::Native> = acc
+        .value
+        .as_ref()
+        .and_then(|last| last.as_any().downcast_ref::<PrimitiveArray<T>>())
+        .filter(|last| last.is_valid(0))
+        .map(|last| last.value(0));
     for (i, &start) in starts.iter().enumerate() {
         if start {
             current = None;
@@ -461,7 +432,7 @@ where
         out.push(current.unwrap_or_default());
         valid.append(current.is_some());
     }
-    acc.value = current.map(Bits::to_bits);
+    acc.value = Some(Arc::new(PrimitiveArray::<T>::from_iter([current])));
     Ok(PrimitiveArray::<T>::new(
         out.into(),
         Some(NullBuffer::new(valid.finish())),
