@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result as DfResult};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ReplaceChildrenOptions};
 
 /// The one child in `children` of the operator `name` (for its `replace_children`).
 pub(crate) fn only_child(
@@ -19,6 +19,22 @@ pub(crate) fn only_child(
         DataFusionError::Internal(format!("{name} takes one child, got {}", c.len()))
     })?;
     Ok(child)
+}
+
+/// `wrapped` (the DataFusion operator one of ours runs in place of) with new
+/// `children`, still of its type.
+pub(crate) fn replace_wrapped_children<T: ExecutionPlan + Clone + 'static>(
+    wrapped: &Arc<T>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+    options: ReplaceChildrenOptions,
+) -> DfResult<T> {
+    let replaced = Arc::clone(wrapped).replace_children(children, options)?;
+    replaced.downcast_ref::<T>().cloned().ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "a {} with new children is no longer one",
+            wrapped.name()
+        ))
+    })
 }
 
 /// `plan` with every operator of type `T` for which `replace` gives a replacement

@@ -37,7 +37,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::operator::replace_each;
+use super::operator::{replace_each, replace_wrapped_children};
 
 /// Swaps [`RunningWindowExec`] in for each `BoundedWindowAggExec` whose window
 /// expressions it computes (a physical optimizer rule).
@@ -219,16 +219,11 @@ impl ExecutionPlan for RunningWindowExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let window = Arc::clone(&self.window).replace_children(children, options)?;
-        let Some(window) = window.downcast_ref::<BoundedWindowAggExec>() else {
-            return Err(DataFusionError::Internal(
-                "a window with new children is no longer a BoundedWindowAggExec".into(),
-            ));
-        };
-        match RunningWindowExec::try_new(Arc::new(window.clone()))? {
+        let window = Arc::new(replace_wrapped_children(&self.window, children, options)?);
+        match RunningWindowExec::try_new(window.clone())? {
             Some(exec) => Ok(Arc::new(exec)),
             // Its input no longer sorted as it needs: DataFusion's window runs.
-            None => Ok(Arc::new(window.clone())),
+            None => Ok(window),
         }
     }
 

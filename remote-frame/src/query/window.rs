@@ -37,7 +37,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::operator::replace_each;
+use super::operator::{replace_each, replace_wrapped_children};
 use super::owned::{compact_views, rows_bytes};
 
 /// The most a window reserves before its input runs.
@@ -124,15 +124,8 @@ impl ExecutionPlan for PartitionedWindowExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let window = Arc::clone(&self.window).replace_children(children, options)?;
-        let Some(window) = window.downcast_ref::<WindowAggExec>() else {
-            return Err(DataFusionError::Internal(
-                "a window with new children is no longer a WindowAggExec".into(),
-            ));
-        };
-        Ok(Arc::new(PartitionedWindowExec::new(Arc::new(
-            window.clone(),
-        ))?))
+        let window = replace_wrapped_children(&self.window, children, options)?;
+        Ok(Arc::new(PartitionedWindowExec::new(Arc::new(window))?))
     }
 
     super::operator::with_new_children_by_replace!();
