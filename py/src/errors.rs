@@ -105,6 +105,12 @@ pub fn core_err(e: scad_core::Error) -> PyErr {
         E::Terminated { .. } => TerminatedError::new_err(msg),
         E::Connect { .. } => PyConnectionError::new_err(msg),
         E::Io { .. } | E::Shm { .. } => PyOSError::new_err(msg),
+        // The OS refused (address in use, no permission): an `OSError` with its errno
+        // and its words, so callers catch it like a failed `socket.bind`.
+        E::Server {
+            source: Some(ref io),
+            ..
+        } => PyOSError::new_err((io.raw_os_error().unwrap_or(0), format!("{msg}: {io}"))),
         _ => ScadError::new_err(msg),
     }
 }

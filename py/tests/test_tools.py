@@ -1,5 +1,6 @@
 """COMPAT.md: element files, rundisagg (-m N@name:port, -i/__OW_PAR, params[p]['meta'] and
 params[p][0]['meta']), wskgen, memory_server, scad run."""
+import errno
 import json
 import os
 import signal
@@ -137,6 +138,17 @@ def test_rundisagg_with_n_at_name_and_ow_par(tmp_path):
     finally:
         for x in s:
             x.shutdown()
+
+
+def test_memory_server_on_a_taken_port_is_an_oserror_with_its_errno():
+    a = _native.MemoryServer(1 << 20, "127.0.0.1:0")
+    try:
+        with pytest.raises(OSError, match="cannot bind") as e:
+            _native.MemoryServer(1 << 20, f"127.0.0.1:{a.port}")
+        assert e.value.errno == errno.EADDRINUSE
+        assert a.stats()["bytes_written"] == 0  # the running server is untouched
+    finally:
+        a.shutdown()
 
 
 def _consecutive_servers():
