@@ -385,6 +385,7 @@ pub(crate) fn chunk_stream(
         pruning,
         chunks_pruned,
         reads,
+        ahead: None,
     };
     let stream = futures::stream::unfold(state, |s| s.next()).map(move |b| {
         if let Ok(b) = &b {
@@ -419,12 +420,13 @@ const GROUP_CHUNKS: usize = 8;
 /// Local bytes a scan reads at once at most, under a memory pool limited to `limit`
 /// (but always a chunk): chunks read together cost one hand-off to a blocking
 /// thread and one read per memory element, instead of one of each per chunk. The
-/// rows read wait in the scan, outside the budget's accounting: a thirty-second of
-/// it, and never more than 4 MiB.
+/// rows read wait in the scan, outside the budget's accounting: a group being
+/// handed on and the next one being read, each a sixty-fourth of the budget (a
+/// thirty-second together), and never more than 4 MiB.
 pub(crate) fn group_bytes(limit: MemoryLimit) -> u64 {
     let cap = 4 << 20;
     match limit {
-        MemoryLimit::Finite(bytes) => (bytes as u64 / 32).min(cap),
+        MemoryLimit::Finite(bytes) => (bytes as u64 / 64).min(cap),
         _ => cap,
     }
 }
@@ -520,6 +522,15 @@ struct ScanState {
     chunks_pruned: Count,
     /// Reads of groups of chunks.
     reads: Count,
+    /// The read of the next group, started when the one before it arrived, so that
+    /// reading and decoding on a blocking thread overlap the operators above.
+    ahead: Option<GroupRead>,
+}
+
+/// A group of chunks being read on a blocking thread, and its stored bytes.
+struct GroupRead {
+    read: tokio::task::JoinHandle<DfResult<Vec<RecordBatch>>>,
+    bytes: u64,
 }
 
 /// Dynamic filters checked against chunk statistics: the chunks they may pass
@@ -614,31 +625,16 @@ impl ScanState {
                 }
                 return Some((Ok(b), self));
             }
-            let group = self.next_group();
-            if group.is_empty() {
-                return None;
-            }
-            let reader = self.reader.clone();
-            let meta = reader.frame.meta();
-            let bytes: u64 = group
-                .iter()
-                .map(|&c| chunk_column_stored_bytes(&meta.chunks[c], &reader.columns))
-                .sum();
-            let check = !std::mem::replace(&mut self.sealed, true);
-            let read = move || {
-                if check {
-                    reader
-                        .frame
-                        .check_seal()
-                        .map_err(|e| DataFusionError::External(Box::new(e)))?;
-                }
-                reader.read(&group)
-            };
-            match tokio::task::spawn_blocking(read).await {
+            let group = self.ahead.take().or_else(|| self.start_read())?;
+            match group.read.await {
                 Ok(Ok(batches)) => {
-                    self.bytes_read.add(bytes as usize);
+                    self.bytes_read.add(group.bytes as usize);
                     self.reads.add(1);
                     self.pending.extend(batches);
+                    // Under a limit the rows past it are never read, so nothing ahead.
+                    if self.left.is_none() {
+                        self.ahead = self.start_read();
+                    }
                 }
                 Ok(Err(e)) => {
                     self.failed = true;
@@ -650,5 +646,30 @@ impl ScanState {
                 }
             }
         }
+    }
+
+    /// Starts reading the next group on a blocking thread (`None`: no chunk is left).
+    fn start_read(&mut self) -> Option<GroupRead> {
+        let group = self.next_group();
+        if group.is_empty() {
+            return None;
+        }
+        let reader = self.reader.clone();
+        let meta = reader.frame.meta();
+        let bytes: u64 = group
+            .iter()
+            .map(|&c| chunk_column_stored_bytes(&meta.chunks[c], &reader.columns))
+            .sum();
+        let check = !std::mem::replace(&mut self.sealed, true);
+        let read = tokio::task::spawn_blocking(move || {
+            if check {
+                reader
+                    .frame
+                    .check_seal()
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            }
+            reader.read(&group)
+        });
+        Some(GroupRead { read, bytes })
     }
 }
