@@ -40,6 +40,11 @@ use scad_tpcds::report::{fmt_bytes, parse_budget};
 use serde::Deserialize;
 use serde_json::json;
 
+/// mimalloc instead of the system allocator: planning and the operators allocate and
+/// free many small objects (glibc's malloc and free were a sixth of planning time).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Command-line options.
 #[derive(Debug, Parser)]
 #[command(about = "The 99 TPC-DS queries: our engine vs DuckDB, DataFusion, Polars and Redis")]
