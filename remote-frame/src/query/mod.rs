@@ -56,6 +56,7 @@ mod join_order;
 mod key_bounds;
 mod lazy;
 mod measure;
+mod null_rejection;
 mod numeric;
 mod operator;
 mod owned;
@@ -411,6 +412,7 @@ impl QuerySession {
         }
         let ctx = SessionContext::new_with_state(state.build());
         ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
+        ctx.add_optimizer_rule(Arc::new(null_rejection::NullRejectingJoinKeys));
         ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
         let runtime = shared_runtime(threads)?;
         Ok(QuerySession {
