@@ -13,8 +13,10 @@
 //! the tree's output columns. The joins' other conditions (join filters, such as
 //! `inv_quantity_on_hand < cs_quantity`) go with the rebuilt join where all
 //! the columns they read are first present, so they do not fence the relations on
-//! either side in. Trees with outer, semi or anti joins, null-equal keys, or
-//! relations no predicate connects are left as they are. Which
+//! either side in. A left join among the relations whose null-padded side the
+//! chain does not read is made on top of the rebuilt chain, so the chain's filters
+//! shrink its preserved side first. Trees with other outer, semi or anti joins,
+//! null-equal keys, or relations no predicate connects are left as they are. Which
 //! side of each join is built is decided later, on the physical plan
 //! ([`super::join_order`]).
 
@@ -156,8 +158,12 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         .into_iter()
         .map(|r| order_chains(r).map(|t| t.data))
         .collect::<DfResult<_>>()?;
+    if !is_left_deep(root) {
+        return Ok(None);
+    }
+    let deferred = defer_left_joins(&mut chain);
     let n = chain.relations.len();
-    if n < 3 || !is_left_deep(root) {
+    if n < 3 && deferred.is_empty() {
         return Ok(None);
     }
     let columns: Vec<HashSet<Column>> = chain
@@ -248,7 +254,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
             order = other;
         }
     }
-    if order.iter().copied().eq(0..n) {
+    if order.iter().copied().eq(0..n) && deferred.is_empty() {
         return Ok(None);
     }
     tracing::debug!(?order, "reordering a join chain");
@@ -281,6 +287,15 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
             filter,
         )?;
     }
+    for join in deferred {
+        let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = join.on.iter().cloned().unzip();
+        builder = builder.join_with_expr_keys(
+            join.right.as_ref().clone(),
+            JoinType::Left,
+            (left_keys, right_keys),
+            join.filter.clone(),
+        )?;
+    }
     let output: Vec<Expr> = root
         .schema()
         .columns()
@@ -288,6 +303,52 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         .map(Expr::Column)
         .collect();
     Ok(Some(builder.project(output)?.build()?))
+}
+
+/// Takes out of `chain` its left joins whose right (null-padded) side no predicate
+/// or join filter of the chain reads: each relation `A LEFT JOIN B` becomes `A`, and
+/// the joins returned are made on top of the rebuilt chain. `(A ⟕ B) ⋈ C` equals
+/// `(A ⋈ C) ⟕ B` when the join with `C` reads no column of `B`, and the filtered
+/// dimensions then shrink the sales before their returns are looked up (q80: all
+/// of store_sales was joined to store_returns before a month of dates kept a
+/// sixtieth of it).
+fn defer_left_joins(chain: &mut Chain) -> Vec<datafusion::logical_expr::Join> {
+    let mut deferred = Vec::new();
+    for relation in &mut chain.relations {
+        // The optimizer puts a projection of the columns used above on the join.
+        let join = match &*relation {
+            p @ LogicalPlan::Projection(projection) if is_column_projection(p) => {
+                projection.input.as_ref()
+            }
+            other => other,
+        };
+        let LogicalPlan::Join(j) = join else {
+            continue;
+        };
+        if j.join_type != JoinType::Left
+            || j.on.is_empty()
+            || j.null_equality != NullEquality::NullEqualsNothing
+            || j.null_aware
+        {
+            continue;
+        }
+        let padded: HashSet<Column> = j.right.schema().columns().into_iter().collect();
+        let reads_padded = chain
+            .predicates
+            .iter()
+            .flat_map(|(l, r)| [l, r])
+            .chain(&chain.residuals)
+            .any(|e| e.column_refs().iter().any(|c| padded.contains(c)));
+        if reads_padded {
+            continue;
+        }
+        // The preserved side whole: the chain's own projection on top keeps what is
+        // used, and the deferred join's keys stay at hand.
+        let (preserved, join) = (j.left.as_ref().clone(), j.clone());
+        deferred.push(join);
+        *relation = preserved;
+    }
+    deferred
 }
 
 /// Another start is taken when its intermediate results sum to less than this
@@ -502,6 +563,71 @@ mod tests {
         }
         let got = session.sql(sql).unwrap().to_polars().unwrap();
         assert_eq!(got.column("n").unwrap().i64().unwrap().get(0), Some(want));
+    }
+
+    #[test]
+    fn a_left_join_whose_padded_side_the_chain_does_not_read_is_joined_last() {
+        use crate::frame::RemoteFrame;
+        use crate::query::test_env::local_env;
+        use crate::query::QuerySession;
+        use polars::prelude::df;
+
+        let env = local_env(1, 64 << 20);
+        // q80's shape: sales left-joined to their returns, then filtered by a
+        // month of dates and the dear items.
+        let sales = df!(
+            "s_item" => (0..30_000i64).map(|i| i % 500).collect::<Vec<_>>(),
+            "s_ticket" => (0..30_000i64).collect::<Vec<_>>(),
+            "s_day" => (0..30_000i64).map(|i| i % 365).collect::<Vec<_>>(),
+            "s_price" => (0..30_000i64).map(|i| i % 11).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let returns = df!(
+            "r_item" => (0..30_000i64).filter(|i| i % 4 == 0).map(|i| i % 500).collect::<Vec<_>>(),
+            "r_ticket" => (0..30_000i64).filter(|i| i % 4 == 0).collect::<Vec<_>>(),
+            "r_amt" => (0..30_000i64).filter(|i| i % 4 == 0).map(|i| i % 3).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let day = df!(
+            "d_day" => (0..365i64).collect::<Vec<_>>(),
+            "d_month" => (0..365i64).map(|i| i / 31).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let item = df!(
+            "i_item" => (0..500i64).collect::<Vec<_>>(),
+            "i_price" => (0..500i64).map(|i| i % 100).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let session = QuerySession::new(&env).unwrap();
+        for (name, frame) in [
+            ("sales", sales),
+            ("returns", returns),
+            ("day", day),
+            ("item", item),
+        ] {
+            session
+                .register(name, &RemoteFrame::from_polars(&env, &frame).unwrap())
+                .unwrap();
+        }
+        let sql = "SELECT count(*) AS n, sum(coalesce(r_amt, 7)) AS amt \
+                   FROM sales LEFT JOIN returns ON s_item = r_item AND s_ticket = r_ticket, \
+                   day, item \
+                   WHERE s_day = d_day AND d_month = 3 AND s_item = i_item AND i_price > 90";
+        let plan = session.explain(sql).unwrap();
+        // The deepest join is a filtered dimension's, not the returns'.
+        let keys = deepest_join_keys(&plan);
+        assert!(!keys.contains("r_"), "the returns are joined first: {plan}");
+        let (mut n, mut amt) = (0i64, 0i64);
+        for s in 0..30_000i64 {
+            if (s % 365) / 31 != 3 || (s % 500) % 100 <= 90 {
+                continue;
+            }
+            n += 1;
+            amt += if s % 4 == 0 { s % 3 } else { 7 };
+        }
+        let got = session.sql(sql).unwrap().to_polars().unwrap();
+        assert_eq!(got.column("n").unwrap().i64().unwrap().get(0), Some(n));
+        assert_eq!(got.column("amt").unwrap().i64().unwrap().get(0), Some(amt));
     }
 
     #[test]
