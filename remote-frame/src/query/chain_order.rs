@@ -426,7 +426,7 @@ fn is_left_deep(plan: &LogicalPlan) -> bool {
 }
 
 /// (estimated rows after the relation's filters, rows before them).
-fn estimate(plan: &LogicalPlan) -> (f64, f64) {
+pub(super) fn estimate(plan: &LogicalPlan) -> (f64, f64) {
     match plan {
         LogicalPlan::TableScan(scan) => {
             let rows = source_as_provider(&scan.source)

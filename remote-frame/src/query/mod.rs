@@ -13,7 +13,13 @@
 //!   their input by key (grace partitioning) and run partition by partition, windows
 //!   go one PARTITION BY partition at a time, sorts (and DataFusion's other spilling
 //!   operators) write sorted runs and merge them; each spill file frees its remote
-//!   memory when dropped.
+//!   memory when dropped;
+//! - plan rules over DataFusion's: join chains ordered by estimated selectivity with
+//!   left joins made after the filtered dimensions (`chain_order`), outer joins a
+//!   join key above makes inner (`null_rejection`), aggregates computed before the
+//!   join that looks up a large dimension's attributes (`eager_aggregate`), build
+//!   sides by estimated size (`join_order`), shared subplans computed once
+//!   (`shared`).
 //!
 //! Streaming operators (scan, filter, projection, the probe side of joins, partial
 //! aggregation) are fused into pipelines that write nothing to memory elements.
@@ -49,6 +55,7 @@
 mod aggregate;
 mod chain_order;
 mod distributed;
+mod eager_aggregate;
 mod grace;
 mod headroom;
 mod join;
@@ -414,6 +421,7 @@ impl QuerySession {
         ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
         ctx.add_optimizer_rule(Arc::new(null_rejection::NullRejectingJoinKeys));
         ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
+        ctx.add_optimizer_rule(Arc::new(eager_aggregate::EagerAggregation));
         let runtime = shared_runtime(threads)?;
         Ok(QuerySession {
             env: env.clone(),
