@@ -68,6 +68,7 @@ mod numeric;
 mod operator;
 mod owned;
 mod peak;
+mod rank_filter;
 mod repartition;
 mod reserved_pool;
 mod running;
@@ -403,7 +404,9 @@ impl QuerySession {
             .with_runtime_env(runtime_env)
             .with_default_features()
             .with_physical_optimizer_rules(rules);
-        state = state.with_physical_optimizer_rule(Arc::new(running::RunningWindows));
+        state = state
+            .with_physical_optimizer_rule(Arc::new(running::RunningWindows))
+            .with_physical_optimizer_rule(Arc::new(rank_filter::RankFilters));
         if limit.is_none() || partitions > 1 {
             // Not under a budget too small for two partitions: a partial aggregate
             // short of memory emits early, its probe reads that as no reduction, and
