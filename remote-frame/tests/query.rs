@@ -1155,7 +1155,12 @@ fn lazy_queries_equal_their_sql() {
             .filter(col("qty").gt(lit(2i64)))
             .unwrap()
             .join(
-                s.table("dim").unwrap(),
+                // Filtered: a whole dimension would be joined after the sums
+                // (EagerAggregation), and nothing would spill at 5 %.
+                s.table("dim")
+                    .unwrap()
+                    .filter(col("w").gt(lit(100i64)))
+                    .unwrap(),
                 JoinType::Inner,
                 &["k1"],
                 &["d1"],
@@ -1174,7 +1179,7 @@ fn lazy_queries_equal_their_sql() {
         let sql = s
             .sql(
                 "SELECT d.label, sum(f.qty) AS q, count(1) AS n FROM fact f JOIN dim d ON f.k1 = d.d1 \
-                 WHERE f.qty > 2 GROUP BY d.label ORDER BY d.label NULLS LAST",
+                 WHERE f.qty > 2 AND d.w > 100 GROUP BY d.label ORDER BY d.label NULLS LAST",
             )
             .unwrap();
         assert!(lazy.ordered());
