@@ -27,7 +27,7 @@ use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::common::{Column, NullEquality, Result as DfResult};
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
-    BinaryExpr, Expr, ExprSchemable, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
+    BinaryExpr, Expr, ExprSchemable, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
@@ -77,19 +77,20 @@ fn order_chains(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
 /// freely with its neighbours. Its other condition (a join filter), if any, is
 /// applied by the join where all the columns it reads are first present.
 fn is_chain_join(plan: &LogicalPlan) -> bool {
-    match plan {
-        LogicalPlan::Join(j) => {
-            j.join_type == JoinType::Inner
-                && !j.on.is_empty()
-                && j.null_equality == NullEquality::NullEqualsNothing
-                && !j.null_aware
-        }
-        _ => false,
-    }
+    matches!(plan, LogicalPlan::Join(j) if is_key_join(j, JoinType::Inner))
+}
+
+/// A `join_type` join on equal keys that match only when non-null (not null-equal,
+/// not null-aware): a row whose key is null finds no partner through it.
+pub(super) fn is_key_join(join: &Join, join_type: JoinType) -> bool {
+    join.join_type == join_type
+        && !join.on.is_empty()
+        && join.null_equality == NullEquality::NullEqualsNothing
+        && !join.null_aware
 }
 
 /// A projection of plain columns (what the optimizer puts between joins).
-fn is_column_projection(plan: &LogicalPlan) -> bool {
+pub(super) fn is_column_projection(plan: &LogicalPlan) -> bool {
     match plan {
         LogicalPlan::Projection(p) => p.expr.iter().all(|e| matches!(e, Expr::Column(_))),
         _ => false,
@@ -312,7 +313,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
 /// dimensions then shrink the sales before their returns are looked up (q80: all
 /// of store_sales was joined to store_returns before a month of dates kept a
 /// sixtieth of it).
-fn defer_left_joins(chain: &mut Chain) -> Vec<datafusion::logical_expr::Join> {
+fn defer_left_joins(chain: &mut Chain) -> Vec<Join> {
     let mut deferred = Vec::new();
     for relation in &mut chain.relations {
         // The optimizer puts a projection of the columns used above on the join.
@@ -325,11 +326,7 @@ fn defer_left_joins(chain: &mut Chain) -> Vec<datafusion::logical_expr::Join> {
         let LogicalPlan::Join(j) = join else {
             continue;
         };
-        if j.join_type != JoinType::Left
-            || j.on.is_empty()
-            || j.null_equality != NullEquality::NullEqualsNothing
-            || j.null_aware
-        {
+        if !is_key_join(j, JoinType::Left) {
             continue;
         }
         let padded: HashSet<Column> = j.right.schema().columns().into_iter().collect();

@@ -28,7 +28,7 @@
 use std::collections::HashSet;
 
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{Column, NullEquality, Result as DfResult};
+use datafusion::common::{Column, Result as DfResult};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{
@@ -36,7 +36,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use super::chain_order::estimate;
+use super::chain_order::{estimate, is_column_projection, is_key_join};
 
 /// The names of the aggregates the rule makes.
 const PARTIAL_PREFIX: &str = "__scad_eager_";
@@ -88,9 +88,7 @@ fn is_whole_scan(plan: &LogicalPlan) -> bool {
             scan.filters.iter().all(|f| f.column_refs().is_empty()) && scan.fetch.is_none()
         }
         LogicalPlan::Filter(f) => f.predicate.column_refs().is_empty() && is_whole_scan(&f.input),
-        LogicalPlan::Projection(p) if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
-            is_whole_scan(&p.input)
-        }
+        LogicalPlan::Projection(p) if is_column_projection(plan) => is_whole_scan(&p.input),
         _ => false,
     }
 }
@@ -149,7 +147,7 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
     // The optimizer prunes the join's columns with projections in between.
     let mut input = aggregate.input.as_ref();
     while let LogicalPlan::Projection(p) = input {
-        if !p.expr.iter().all(|e| matches!(e, Expr::Column(_))) {
+        if !is_column_projection(input) {
             return Ok(None);
         }
         input = p.input.as_ref();
@@ -157,43 +155,40 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
     let LogicalPlan::Join(join) = input else {
         return Ok(None);
     };
-    if join.join_type != JoinType::Inner
-        || join.on.is_empty()
-        || join.filter.is_some()
-        || join.null_equality != NullEquality::NullEqualsNothing
-        || join.null_aware
-    {
+    if !is_key_join(join, JoinType::Inner) || join.filter.is_some() {
         return Ok(None);
     }
     let Some(groups) = aggregate
         .group_expr
         .iter()
-        .map(|e| match e {
-            Expr::Column(c) => Some(c.clone()),
-            _ => None,
-        })
+        .map(|e| e.try_as_col().cloned())
         .collect::<Option<Vec<Column>>>()
     else {
         return Ok(None);
     };
-    let Some(keys) = join
+    let Some((left_keys, right_keys)) = join
         .on
         .iter()
-        .map(|(l, r)| match (l, r) {
-            (Expr::Column(l), Expr::Column(r)) => Some((l.clone(), r.clone())),
-            _ => None,
-        })
-        .collect::<Option<Vec<(Column, Column)>>>()
+        .map(|(l, r)| Some((l.try_as_col()?.clone(), r.try_as_col()?.clone())))
+        .collect::<Option<(Vec<Column>, Vec<Column>)>>()
     else {
         return Ok(None);
     };
     // The looked-up side: the right one if it qualifies, else the left.
     let (x, r, x_keys, r_keys) = if is_whole_scan(&join.right) {
-        let (l, r): (Vec<_>, Vec<_>) = keys.into_iter().unzip();
-        (join.left.as_ref(), join.right.as_ref(), l, r)
+        (
+            join.left.as_ref(),
+            join.right.as_ref(),
+            left_keys,
+            right_keys,
+        )
     } else if is_whole_scan(&join.left) {
-        let (l, r): (Vec<_>, Vec<_>) = keys.into_iter().unzip();
-        (join.right.as_ref(), join.left.as_ref(), r, l)
+        (
+            join.right.as_ref(),
+            join.left.as_ref(),
+            right_keys,
+            left_keys,
+        )
     } else {
         return Ok(None);
     };
@@ -310,6 +305,13 @@ mod tests {
     use crate::query::QuerySession;
     use polars::prelude::df;
 
+    /// Aggregates in `plan` (EXPLAIN text) that produce results: final (and
+    /// final-partitioned) or single-phase ones.
+    fn final_aggregates(plan: &str) -> usize {
+        plan.matches("AggregateExec: mode=Final").count()
+            + plan.matches("AggregateExec: mode=Single").count()
+    }
+
     #[test]
     fn sales_are_summed_per_customer_before_their_names_are_joined() {
         let env = local_env(1, 64 << 20);
@@ -356,12 +358,7 @@ mod tests {
                    GROUP BY c_name, d_year ORDER BY c_name, d_year";
         let plan = session.explain(sql).unwrap();
         // An aggregate below the join with customer: two final ones in the plan.
-        assert_eq!(
-            plan.matches("AggregateExec: mode=Final").count()
-                + plan.matches("AggregateExec: mode=Single").count(),
-            2,
-            "{plan}"
-        );
+        assert_eq!(final_aggregates(&plan), 2, "{plan}");
         let got = session.sql(sql).unwrap().to_polars().unwrap();
         // By hand, over (name, year).
         let mut want = std::collections::BTreeMap::new();
@@ -403,12 +400,7 @@ mod tests {
              WHERE s_store = st_sk GROUP BY st_city",
         ] {
             let plan = session.explain(once).unwrap();
-            assert_eq!(
-                plan.matches("AggregateExec: mode=Final").count()
-                    + plan.matches("AggregateExec: mode=Single").count(),
-                1,
-                "{plan}"
-            );
+            assert_eq!(final_aggregates(&plan), 1, "{plan}");
         }
     }
 }

@@ -15,9 +15,11 @@
 //! null-equal joins), so a padded row never passes.
 
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{Column, NullEquality, Result as DfResult};
-use datafusion::logical_expr::{Expr, Join, JoinType, LogicalPlan, Projection};
+use datafusion::common::{Column, Result as DfResult};
+use datafusion::logical_expr::{JoinType, LogicalPlan, Projection};
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
+
+use super::chain_order::{is_column_projection, is_key_join};
 
 /// The rule; see the module docs.
 #[derive(Debug, Default)]
@@ -34,23 +36,17 @@ impl OptimizerRule for NullRejectingJoinKeys {
         _config: &dyn OptimizerConfig,
     ) -> DfResult<Transformed<LogicalPlan>> {
         plan.transform_down_with_subqueries(|node| match node {
-            LogicalPlan::Join(join) if rejects_nulls(&join) => {
+            LogicalPlan::Join(join) if is_key_join(&join, JoinType::Inner) => {
                 let mut join = join;
                 let mut changed = false;
-                let left_keys: Vec<&Column> = join
-                    .on
-                    .iter()
-                    .filter_map(|(l, _)| plain_column(l))
-                    .collect();
+                let left_keys: Vec<&Column> =
+                    join.on.iter().filter_map(|(l, _)| l.try_as_col()).collect();
                 if let Some(input) = tightened(&join.left, &left_keys) {
                     join.left = input.into();
                     changed = true;
                 }
-                let right_keys: Vec<&Column> = join
-                    .on
-                    .iter()
-                    .filter_map(|(_, r)| plain_column(r))
-                    .collect();
+                let right_keys: Vec<&Column> =
+                    join.on.iter().filter_map(|(_, r)| r.try_as_col()).collect();
                 if let Some(input) = tightened(&join.right, &right_keys) {
                     join.right = input.into();
                     changed = true;
@@ -65,27 +61,12 @@ impl OptimizerRule for NullRejectingJoinKeys {
     }
 }
 
-/// An inner equi-join whose keys match only when non-null.
-fn rejects_nulls(join: &Join) -> bool {
-    join.join_type == JoinType::Inner
-        && !join.on.is_empty()
-        && join.null_equality == NullEquality::NullEqualsNothing
-        && !join.null_aware
-}
-
-fn plain_column(e: &Expr) -> Option<&Column> {
-    match e {
-        Expr::Column(c) => Some(c),
-        _ => None,
-    }
-}
-
 /// `plan` with the outer join at its top (under column-only projections) made
 /// tighter, when one of `keys` (columns a parent inner join drops null rows of) is a
 /// column of a side that join pads with nulls; `None` if nothing changes.
 fn tightened(plan: &LogicalPlan, keys: &[&Column]) -> Option<LogicalPlan> {
     match plan {
-        LogicalPlan::Projection(p) if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
+        LogicalPlan::Projection(p) if is_column_projection(plan) => {
             let input = tightened(&p.input, keys)?;
             // Same expressions over an input of the same columns: the schema stands.
             Projection::try_new_with_schema(p.expr.clone(), input.into(), p.schema.clone())
