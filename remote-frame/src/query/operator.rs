@@ -1,14 +1,16 @@
 //! What our operators share: the parts every leaf (a scan, a stage input, a prepared
 //! stream) implements the same way, the plan methods of an operator that runs a
 //! DataFusion window's work in its place, the `with_new_children` of all of them,
-//! taking the one child of an operator that has one, and the physical-optimizer step
-//! that swaps one of ours in for each DataFusion operator of a kind.
+//! taking the one child of an operator that has one, the properties of one that
+//! passes rows on in no promised order, and the physical-optimizer step that swaps
+//! one of ours in for each DataFusion operator of a kind.
 
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result as DfResult};
-use datafusion::physical_plan::{ExecutionPlan, ReplaceChildrenOptions};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::{ExecutionPlan, PlanProperties, ReplaceChildrenOptions};
 
 /// The one child in `children` of the operator `name` (for its `replace_children`).
 pub(crate) fn only_child(
@@ -19,6 +21,19 @@ pub(crate) fn only_child(
         DataFusionError::Internal(format!("{name} takes one child, got {}", c.len()))
     })?;
     Ok(child)
+}
+
+/// The plan properties of an operator that passes on rows of `input` (all or some)
+/// in no order it promises: the input's partitioning, emission and boundedness, with
+/// no ordering or constants.
+pub(crate) fn unordered_properties(input: &Arc<dyn ExecutionPlan>) -> Arc<PlanProperties> {
+    let given = input.properties();
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(input.schema()),
+        given.partitioning.clone(),
+        given.emission_type,
+        given.boundedness,
+    ))
 }
 
 /// `wrapped` (the DataFusion operator one of ours runs in place of) with new

@@ -29,7 +29,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_expr::{PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
@@ -44,7 +44,7 @@ use datafusion::physical_plan::{
 };
 use futures::{Stream, StreamExt};
 
-use super::operator::{only_child, replace_each};
+use super::operator::{only_child, replace_each, unordered_properties};
 use super::owned::compact_views;
 
 /// Puts a [`RankFilterExec`] under the sort of each window whose rank a filter above
@@ -185,13 +185,7 @@ impl RankFilterExec {
         limit: usize,
         kind: RankKind,
     ) -> Self {
-        let given = input.properties();
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            given.partitioning.clone(),
-            given.emission_type,
-            given.boundedness,
-        ));
+        let properties = unordered_properties(&input);
         RankFilterExec {
             input,
             partition_by,
@@ -383,9 +377,7 @@ fn ranked(
             let batch = batch?;
             if reservation.try_grow(batch.get_array_memory_size()).is_err() {
                 // Rank what is held; if even that does not fit, pass everything on.
-                let kept = compact(&ranker, &schema, &held, &baseline)?;
-                held = vec![kept];
-                reservation.try_resize(held[0].get_array_memory_size()).ok();
+                held_rows = compact(&ranker, &schema, &mut held, &reservation, &baseline)?;
                 if reservation.try_grow(batch.get_array_memory_size()).is_err() {
                     held.push(batch);
                     return Ok::<_, datafusion::common::DataFusionError>((held, Some(input)));
@@ -394,14 +386,11 @@ fn ranked(
             held_rows += batch.num_rows();
             held.push(batch);
             if held_rows >= GATHER_ROWS {
-                let kept = compact(&ranker, &schema, &held, &baseline)?;
-                held_rows = kept.num_rows();
-                reservation.try_resize(kept.get_array_memory_size()).ok();
-                held = vec![kept];
+                held_rows = compact(&ranker, &schema, &mut held, &reservation, &baseline)?;
             }
         }
-        let kept = compact(&ranker, &schema, &held, &baseline)?;
-        Ok((vec![kept], None))
+        compact(&ranker, &schema, &mut held, &reservation, &baseline)?;
+        Ok((held, None))
     };
     futures::stream::once(gathered)
         .map(move |result| match result {
@@ -417,18 +406,26 @@ fn ranked(
         .flatten()
 }
 
-/// The rows of `held` that can still rank at most the limit, as one batch.
+/// Replaces `held` by the rows of it that can still rank at most the limit, as one
+/// batch, and resizes `reservation` to it; returns its rows.
 fn compact(
     ranker: &Ranker,
     schema: &arrow_schema::SchemaRef,
-    held: &[RecordBatch],
+    held: &mut Vec<RecordBatch>,
+    reservation: &MemoryReservation,
     baseline: &BaselineMetrics,
-) -> DfResult<RecordBatch> {
+) -> DfResult<usize> {
     let timer = baseline.elapsed_compute().timer();
-    let all = concat_batches(schema, held)?;
+    let all = concat_batches(schema, held.iter())?;
     let kept = ranker.keep(&all);
     timer.done();
-    kept
+    let kept = kept?;
+    // The kept rows take less than those held: a shrink (were it refused, the
+    // reservation would only stay larger than needed).
+    reservation.try_resize(kept.get_array_memory_size()).ok();
+    let rows = kept.num_rows();
+    *held = vec![kept];
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Result as DfResult;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{
@@ -24,7 +24,7 @@ use datafusion::physical_plan::{
     PlanProperties, ReplaceChildrenOptions, SendableRecordBatchStream,
 };
 
-use super::operator::{only_child, replace_each};
+use super::operator::{only_child, replace_each, unordered_properties};
 
 /// Gives each partial aggregate whose only sorted grouping keys are constants an
 /// unordered input (see the module docs; a physical optimizer rule).
@@ -84,13 +84,7 @@ pub(crate) struct UnorderedExec {
 
 impl UnorderedExec {
     fn new(input: Arc<dyn ExecutionPlan>) -> Self {
-        let given = input.properties();
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            given.partitioning.clone(),
-            given.emission_type,
-            given.boundedness,
-        ));
+        let properties = unordered_properties(&input);
         UnorderedExec { input, properties }
     }
 }
