@@ -16,6 +16,7 @@ use crate::meta::{
     LAYOUT_VERSION,
 };
 use crate::seal::{self, SealImage, SEAL_BYTES};
+use crate::sketch::DistinctSketch;
 
 /// A table whose columns live in memory elements, chunk by chunk; see the crate docs.
 ///
@@ -533,6 +534,8 @@ pub struct FrameWriter {
     coalesce: bool,
     /// Fingerprints of the written chunks' heads (see [`crate::seal`]).
     heads: Vec<u64>,
+    /// The distinct values of each column written so far.
+    distinct: Vec<DistinctSketch>,
 }
 
 impl FrameWriter {
@@ -546,6 +549,7 @@ impl FrameWriter {
             pending: None,
             coalesce: false,
             heads: Vec::new(),
+            distinct: Vec::new(),
         }
     }
 
@@ -640,6 +644,11 @@ impl FrameWriter {
     }
 
     fn write_chunk(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.distinct
+            .resize_with(batch.num_columns(), DistinctSketch::default);
+        for (sketch, array) in self.distinct.iter_mut().zip(batch.columns()) {
+            sketch.add_array(array)?;
+        }
         let encoded = batch
             .columns()
             .iter()
@@ -732,7 +741,12 @@ impl FrameWriter {
             rows: self.rows,
             chunks: std::mem::take(&mut self.chunks),
             seal: None,
+            distinct: None,
         };
+        // A frame without rows has no sketches to keep: each counts nothing.
+        let mut distinct = std::mem::take(&mut self.distinct);
+        distinct.resize_with(meta.schema.len(), DistinctSketch::default);
+        meta.distinct = Some(distinct);
         let heads = std::mem::take(&mut self.heads);
         match seal::write(&self.env, &mut meta, element, heads) {
             Ok(image) => Ok(RemoteFrame::sealed(self.env.clone(), meta, image)),

@@ -103,6 +103,7 @@ mod interop;
 pub mod meta;
 pub mod query;
 pub mod seal;
+pub mod sketch;
 mod views;
 
 pub use budget::Budget;

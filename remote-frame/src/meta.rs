@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::seal::Seal;
+use crate::sketch::DistinctSketch;
 
 /// Version of the metadata and layout described here; a frame written by another
 /// version is refused rather than misread. Version 2 frames carry a [`Seal`] (the chunk
@@ -266,6 +267,10 @@ pub struct FrameMeta {
     /// refused by its version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal: Option<Seal>,
+    /// One distinct-count sketch per schema column, filled as the frame was written
+    /// (frames written before sketches were kept have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distinct: Option<Vec<DistinctSketch>>,
 }
 
 impl FrameMeta {
@@ -313,6 +318,13 @@ impl FrameMeta {
             .iter()
             .map(|c| chunk_column_bytes(&self.schema, c, columns))
             .sum()
+    }
+
+    /// The estimated number of distinct non-null values of column `index`, at most
+    /// the frame's rows (`None` for a frame without sketches).
+    pub fn distinct_estimate(&self, index: usize) -> Option<u64> {
+        let sketch = self.distinct.as_ref()?.get(index)?;
+        Some(sketch.estimate().min(self.rows))
     }
 
     /// Bytes of all columns in local memory once read.
@@ -376,6 +388,15 @@ impl FrameMeta {
         for (i, c) in self.schema.iter().enumerate() {
             if self.schema[..i].iter().any(|d| d.name == c.name) {
                 return bad(format!("column name {:?} appears twice", c.name));
+            }
+        }
+        if let Some(sketches) = &self.distinct {
+            if sketches.len() != self.schema.len() {
+                return bad(format!(
+                    "{} distinct-count sketches for {} columns",
+                    sketches.len(),
+                    self.schema.len()
+                ));
             }
         }
         let mut rows = 0u64;

@@ -135,7 +135,26 @@ fn metadata_round_trips_and_bad_metadata_is_refused() {
     let mut m = meta.clone();
     m.chunks[0].columns[0].buffers[0].offset = m.chunks[0].bytes;
     expect_meta(m, "outside");
+    let mut m = meta.clone();
+    m.distinct.as_mut().unwrap().pop();
+    expect_meta(m, "distinct-count sketches");
+    // Metadata written before sketches were kept still opens.
+    let mut m = meta.clone();
+    m.distinct = None;
+    assert_eq!(
+        RemoteFrame::open(&env, m)
+            .unwrap()
+            .meta()
+            .distinct_estimate(0),
+        None
+    );
 
+    // A sketch that is not one is refused by name, not read as another.
+    let sketches = serde_json::to_value(&meta.distinct).unwrap();
+    let first = sketches[0].as_str().unwrap();
+    let err = RemoteFrame::from_json(&env, &json.replacen(first, "!!", 1)).unwrap_err();
+    assert!(matches!(err, Error::MetaJson(_)), "{err}");
+    assert!(err.to_string().contains("sketch"), "{err}");
     assert!(matches!(
         RemoteFrame::from_json(&env, "{\"version\": 1"),
         Err(Error::MetaJson(_))
@@ -149,6 +168,34 @@ fn metadata_round_trips_and_bad_metadata_is_refused() {
     let err =
         RemoteFrame::from_json(&env, &json.replacen("\"float64\"", "\"int32\"", 1)).unwrap_err();
     assert!(matches!(err, Error::Meta(_)), "{err}");
+}
+
+#[test]
+fn written_frames_count_the_distinct_values_of_each_column() {
+    let e = env(Backend::Local, 16 << 20);
+    let env = e.env.with_chunk_rows(1000);
+    let rows = 30_000;
+    let df = df!(
+        "key" => (0..rows).collect::<Vec<i64>>(),
+        "tier" => (0..rows).map(|i| i % 7).collect::<Vec<i64>>(),
+        "brand" => (0..rows).map(|i| format!("brand {}", i % 700)).collect::<Vec<_>>(),
+        "maybe" => (0..rows).map(|i| (i % 3 == 0).then_some(i % 50)).collect::<Vec<_>>()
+    )
+    .unwrap();
+    let frame = RemoteFrame::from_polars(&env, &df).unwrap();
+    let meta = frame.meta();
+    // Over 30 chunks: the sketches cover the whole frame.
+    assert_eq!(meta.chunks.len(), 30);
+    for (column, distinct) in [("key", 30_000), ("tier", 7), ("brand", 700), ("maybe", 50)] {
+        let got = meta
+            .distinct_estimate(meta.column_index(column).unwrap())
+            .unwrap();
+        let error = (got as f64 - distinct as f64).abs() / distinct as f64;
+        assert!(error < 0.08, "{column}: estimated {got} of {distinct}");
+    }
+    // Kept through the metadata.
+    let again = RemoteFrame::from_json(&env, &frame.to_json().unwrap()).unwrap();
+    assert_eq!(again.meta().distinct, meta.distinct);
 }
 
 #[test]

@@ -16,6 +16,8 @@
 //!   match: it shrinks nothing the early aggregate could have skipped),
 //! - the groups read a column of `R` other than its keys (what the join is for),
 //! - `R` is large next to the tables under `X` (see [`LOOKUP_FANOUT`]),
+//! - the groups `R` adds are about as many as its keys, by the distinct counts of
+//!   its frame's sketches (see [`KEYS_PER_GROUP`]), or the groups hold the keys,
 //! - every aggregate is a plain `sum`, `min`, `max` or `count` of columns of `X`
 //!   (their partial results combine: sums and counts by `sum`, minima by `min`,
 //!   maxima by `max`), and
@@ -27,6 +29,7 @@
 
 use std::collections::HashSet;
 
+use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result as DfResult};
 use datafusion::functions_aggregate::sum::sum_udaf;
@@ -101,16 +104,21 @@ fn is_aggregate(plan: &LogicalPlan) -> bool {
     }
 }
 
-/// At most this many rows of the largest table under `X` per row of `R`: a smaller
-/// `R` is a dimension with few members (stores, items: 12 and 18 k rows under
-/// 2.9 M sales), whose attributes the groups read are coarser than its key (q47
-/// groups by brand: summed per item first, the sales made more groups, not fewer,
-/// and q47 took 1.5x as long).
+/// At most this many of `R`'s keys per group its columns make: groups as coarse as
+/// a dimension with few members' attributes (q47 groups items by category and
+/// brand: 10 and 712 of 18 k items) made the early aggregate, by item, hash more
+/// groups than the late one, and q47 took 1.5x as long; an entity's own attributes
+/// (q4's customer ids, 100 k of 100 k customers; q38's first and last names,
+/// 3.8 k and 4.9 k) are about as many as its keys.
+const KEYS_PER_GROUP: f64 = 2.0;
+
+/// At most this many rows of the largest table under `X` per row of `R`: a join
+/// with a small `R` (stores, items: 12 and 18 k rows under 2.9 M sales) costs little,
+/// and the early aggregate saves little of it (q29 and q21 took 1.3x to 2.8x as long
+/// summed per item first); customers (100 k rows) are worth it.
 const LOOKUP_FANOUT: f64 = 64.0;
 
-/// Whether `r` is large next to the tables under `x`: an entity with attributes of
-/// its own (customers: 100 k rows under 2.9 M sales), whose groups are about as
-/// many as its keys. Without distinct counts, the sizes stand in for them.
+/// Whether `r` is large next to the tables under `x` (see [`LOOKUP_FANOUT`]).
 fn is_large_lookup(x: &LogicalPlan, r: &LogicalPlan) -> bool {
     fn largest_table(plan: &LogicalPlan) -> f64 {
         match plan {
@@ -123,6 +131,43 @@ fn is_large_lookup(x: &LogicalPlan, r: &LogicalPlan) -> bool {
         }
     }
     estimate(r).1 * LOOKUP_FANOUT >= largest_table(x)
+}
+
+/// Whether the groups `R` adds are about as many as `R`'s keys: the product of the
+/// distinct counts of `r_groups` (columns taken as independent) next to the keys'
+/// largest, from the frames' sketches (true when a frame has none).
+fn groups_as_fine_as_keys(r: &LogicalPlan, r_groups: &[&Column], r_keys: &[Column]) -> bool {
+    let groups = r_groups
+        .iter()
+        .map(|c| distinct_count(r, c))
+        .try_fold(1.0, |product: f64, d| Some(product * d?));
+    let keys = r_keys
+        .iter()
+        .map(|c| distinct_count(r, c))
+        .try_fold(0.0, |most: f64, d| Some(most.max(d?)));
+    match (groups, keys) {
+        (Some(groups), Some(keys)) => groups * KEYS_PER_GROUP >= keys,
+        _ => true,
+    }
+}
+
+/// The distinct values of `column` in the table scanned under `plan` (through
+/// projections of plain columns and filters), from its frame's sketches.
+fn distinct_count(plan: &LogicalPlan, column: &Column) -> Option<f64> {
+    match plan {
+        LogicalPlan::TableScan(scan) => {
+            let provider = source_as_provider(&scan.source).ok()?;
+            let index = provider.schema().index_of(&column.name).ok()?;
+            let stats = provider.statistics()?;
+            let distinct = stats.column_statistics.get(index)?.distinct_count;
+            distinct.get_value().map(|&d| d as f64)
+        }
+        LogicalPlan::Projection(p) if is_column_projection(plan) => {
+            distinct_count(&p.input, column)
+        }
+        LogicalPlan::Filter(f) => distinct_count(&f.input, column),
+        _ => None,
+    }
 }
 
 fn unaliased(expr: &Expr) -> &Expr {
@@ -196,10 +241,16 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
         return Ok(None);
     }
     let (x_columns, r_columns) = (columns(x), columns(r));
-    let looks_up = groups
+    let looked_up: Vec<&Column> = groups
         .iter()
-        .any(|g| r_columns.contains(g) && !r_keys.contains(g));
-    if !looks_up {
+        .filter(|g| r_columns.contains(g) && !r_keys.contains(g))
+        .collect();
+    // Grouped by the join's keys already, the early aggregate makes no more groups
+    // than the late one, however coarse the rest.
+    let keys_grouped = [&x_keys, &r_keys]
+        .iter()
+        .any(|keys| keys.iter().all(|k| groups.contains(k)));
+    if looked_up.is_empty() || !(keys_grouped || groups_as_fine_as_keys(r, &looked_up, &r_keys)) {
         return Ok(None);
     }
     // Every aggregate: a plain decomposable function of X's columns.
@@ -330,10 +381,12 @@ mod tests {
             "d_year" => (0..730i64).map(|i| 2000 + i / 365).collect::<Vec<_>>()
         )
         .unwrap();
-        // Two customers share a name: the groups are by name.
+        // Some customers share a name: the groups are by name (300 of 400, about as
+        // many as the customers), and each has a tier (4: coarse).
         let customer = df!(
             "c_sk" => (0..400i64).collect::<Vec<_>>(),
-            "c_name" => (0..400i64).map(|i| format!("name{}", i % 200)).collect::<Vec<_>>()
+            "c_name" => (0..400i64).map(|i| format!("name{}", i % 300)).collect::<Vec<_>>(),
+            "c_tier" => (0..400i64).map(|i| i % 4).collect::<Vec<_>>()
         )
         .unwrap();
         let store = df!(
@@ -366,7 +419,7 @@ mod tests {
             if (i % 730) / 365 >= 2 {
                 continue;
             }
-            let key = (format!("name{}", (i % 400) % 200), 2000 + (i % 730) / 365);
+            let key = (format!("name{}", (i % 400) % 300), 2000 + (i % 730) / 365);
             let e = want.entry(key).or_insert((0i64, 0i64, f64::MAX, 0i64));
             e.0 += i % 97;
             e.1 += 1;
@@ -392,15 +445,32 @@ mod tests {
             &polars::prelude::DataType::Int64
         );
         // A filtered dimension is not a lookup (its join shrinks the sales first),
-        // nor is a small one (its attributes are coarser than its keys).
+        // nor is a small one (its join costs little), nor are a large one's groups
+        // that its sketches show to be coarser than its keys (4 tiers of 400
+        // customers: summed per customer first, the sales made more groups, not
+        // fewer).
         for once in [
             "SELECT c_name, sum(s_amt) AS total FROM sales, customer \
              WHERE s_cust = c_sk AND c_name = 'name7' GROUP BY c_name",
             "SELECT st_city, sum(s_amt) AS total FROM sales, store \
              WHERE s_store = st_sk GROUP BY st_city",
+            "SELECT c_tier, sum(s_amt) AS total FROM sales, customer \
+             WHERE s_cust = c_sk GROUP BY c_tier",
         ] {
             let plan = session.explain(once).unwrap();
             assert_eq!(final_aggregates(&plan), 1, "{plan}");
         }
+        // Grouped by the customer key as well, coarse tiers make no more groups.
+        let by_key = "SELECT c_tier, s_cust, sum(s_amt) AS total FROM sales, customer \
+                      WHERE s_cust = c_sk GROUP BY c_tier, s_cust";
+        let plan = session.explain(by_key).unwrap();
+        assert_eq!(final_aggregates(&plan), 2, "{plan}");
+        let tiers = session.sql(by_key).unwrap().to_polars().unwrap();
+        assert_eq!(tiers.height(), 400);
+        let total = tiers.column("total").unwrap().i64().unwrap();
+        assert_eq!(
+            (0..total.len()).filter_map(|i| total.get(i)).sum::<i64>(),
+            (0..20_000i64).map(|i| i % 97).sum::<i64>()
+        );
     }
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use datafusion::arrow::compute::cast;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::config::ConfigOptions;
+use datafusion::common::stats::Precision;
 use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, Statistics};
 use datafusion::datasource::TableType;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -97,7 +98,18 @@ impl RemoteTable {
         let stats = Arc::new(ChunkStatistics::new(schema.clone(), frame.meta()));
         let all_chunks: Vec<usize> = (0..frame.chunk_count()).collect();
         let all_columns: Vec<usize> = (0..schema.fields().len()).collect();
-        let table_stats = stats.for_planner(frame.meta(), &all_chunks, &all_columns);
+        let mut table_stats = stats.for_planner(frame.meta(), &all_chunks, &all_columns);
+        // Distinct counts for the logical rules (chain order, eager aggregation) only:
+        // the scan's own statistics, which DataFusion's join modes follow, stay
+        // rows and bytes.
+        for (i, column) in table_stats.column_statistics.iter_mut().enumerate() {
+            column.distinct_count = match frame.meta().distinct_estimate(i) {
+                Some(d) => Precision::Inexact(d as usize),
+                // The computed row index: one value per row.
+                None if i == frame.meta().schema.len() => Precision::Exact(frame.rows()),
+                None => Precision::Absent,
+            };
+        }
         Ok(RemoteTable {
             frame,
             schema,
