@@ -5,6 +5,12 @@
 //! it failed or differs where the baseline was equal, or when it took more than
 //! [`SLOWER_RATIO`] times the baseline's time *and* more than [`SLOWER_SECS`] seconds
 //! longer (small queries vary by 2x between runs of the same binary).
+//!
+//! Times are compared on the baseline's machine: when both runs timed DuckDB, this
+//! run's times are scaled by how much faster DuckDB ran in the baseline (over the
+//! queries both timed; see [`machine_factor`]). The same binary took 7.7 s on the
+//! machine the baseline was made on and 14.7 s on another, with DuckDB 4.5 s and
+//! 8.5 s: unscaled, eight unchanged queries were flagged.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -75,29 +81,50 @@ pub struct QueryChange {
     pub name: String,
     /// The baseline's result (`None`: not in the baseline).
     pub base: Option<QueryResult>,
-    /// This run's result.
+    /// This run's result, its time scaled to the baseline's machine.
     pub new: QueryResult,
     /// Whether this is a regression (see the module docs).
     pub regressed: bool,
 }
 
-/// Every query of `new` beside its baseline, in `new`'s order.
+/// How much faster the baseline's machine ran DuckDB than this run's: DuckDB's total
+/// time in `base` over its total in `new`, over the queries both timed (1 when either
+/// timed none). This run's times multiplied by it are times on the baseline's machine.
+pub fn machine_factor(base: &[QueryResult], new: &[QueryResult]) -> f64 {
+    let by_name: BTreeMap<&str, &QueryResult> = base.iter().map(|r| (r.name.as_str(), r)).collect();
+    let (base_duck, new_duck) = new
+        .iter()
+        .filter_map(|n| Some((by_name.get(n.name.as_str())?.duckdb_secs?, n.duckdb_secs?)))
+        .fold((0.0, 0.0), |(b, n), (bd, nd)| (b + bd, n + nd));
+    if base_duck > 0.0 && new_duck > 0.0 {
+        base_duck / new_duck
+    } else {
+        1.0
+    }
+}
+
+/// Every query of `new` beside its baseline, in `new`'s order, with `new`'s times
+/// scaled to the baseline's machine (see [`machine_factor`]).
 pub fn compare_runs(base: &[QueryResult], new: &[QueryResult]) -> Vec<QueryChange> {
+    let factor = machine_factor(base, new);
     let by_name: BTreeMap<&str, &QueryResult> = base.iter().map(|r| (r.name.as_str(), r)).collect();
     new.iter()
         .map(|n| {
             let b = by_name.get(n.name.as_str()).copied();
+            let mut scaled = n.clone();
+            scaled.secs *= factor;
             let regressed = match b {
                 Some(b) => {
                     (b.equal && !n.equal)
-                        || (n.secs > SLOWER_RATIO * b.secs && n.secs > b.secs + SLOWER_SECS)
+                        || (scaled.secs > SLOWER_RATIO * b.secs
+                            && scaled.secs > b.secs + SLOWER_SECS)
                 }
                 None => !n.equal,
             };
             QueryChange {
                 name: n.name.clone(),
                 base: b.cloned(),
-                new: n.clone(),
+                new: scaled,
                 regressed,
             }
         })
@@ -128,7 +155,7 @@ pub fn comparison_table(changes: &[QueryChange], slowest: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| query | baseline | this run | ratio | spill files (baseline → now) | |\n|---|---:|---:|---:|---:|---|"
+        "| query | baseline | this run (on the baseline's machine) | ratio | spill files (baseline → now) | |\n|---|---:|---:|---:|---:|---|"
     );
     let _ = writeln!(
         out,
@@ -221,6 +248,29 @@ mod tests {
         // The slowest query of the run is listed too.
         assert!(table.contains("| q6 | - | 9.00 s |"), "{table}");
         assert!(!table.contains("| q3 |"), "{table}");
+    }
+
+    #[test]
+    fn times_are_scaled_by_how_fast_duckdb_ran_on_each_machine() {
+        let timed = |name: &str, secs: f64, duck: f64| QueryResult {
+            duckdb_secs: Some(duck),
+            ..result(name, secs, true)
+        };
+        let base = [timed("q1", 1.0, 0.5), timed("q2", 0.5, 0.5)];
+        // A machine twice as slow: DuckDB 2.0 s instead of 1.0 s.
+        let slower = [timed("q1", 2.0, 1.0), timed("q2", 2.2, 1.0)];
+        assert_eq!(machine_factor(&base, &slower), 0.5);
+        let changes = compare_runs(&base, &slower);
+        // q1 took as long as before there; q2 2.2x (1.1 s on the baseline's machine).
+        let regressed: Vec<&str> = changes
+            .iter()
+            .filter(|c| c.regressed)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(regressed, ["q2"]);
+        assert_eq!(changes[0].new.secs, 1.0);
+        // Without DuckDB's times, times are compared as they are.
+        assert_eq!(machine_factor(&base, &[result("q1", 2.0, true)]), 1.0);
     }
 
     #[test]

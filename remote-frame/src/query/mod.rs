@@ -17,7 +17,8 @@
 //! - plan rules over DataFusion's: join chains ordered by estimated selectivity with
 //!   left joins made after the filtered dimensions (`chain_order`), outer joins a
 //!   join key above makes inner (`null_rejection`), aggregates computed before the
-//!   join that looks up a large dimension's attributes (`eager_aggregate`), build
+//!   join that looks up a large dimension's attributes, when the frames' distinct-count
+//!   sketches show them about as many as its keys (`eager_aggregate`), build
 //!   sides by estimated size (`join_order`), shared subplans computed once
 //!   (`shared`).
 //!

@@ -35,7 +35,8 @@ use scad_tpcds::engine::{
     official_queries, parse_queries, query_number, run_query, session_with_partitions,
 };
 use scad_tpcds::regress::{
-    compare_runs, comparison_table, read_results, QueryResult, SLOWER_RATIO, SLOWER_SECS,
+    compare_runs, comparison_table, machine_factor, read_results, QueryResult, SLOWER_RATIO,
+    SLOWER_SECS,
 };
 use scad_tpcds::remote::{
     duckdb_timings, load_tables, Cluster, DuckDbTiming, RedisServer, TransportKind,
@@ -104,7 +105,8 @@ struct Args {
     json: Option<PathBuf>,
     /// Compare this run query by query with a baseline written by `--json` (e.g.
     /// benches/results/main-sf1.jsonl): prints the table and fails if a query got
-    /// more than 1.5x and 0.2 s slower, or no longer equals DuckDB.
+    /// more than 1.5x and 0.2 s slower, or no longer equals DuckDB (times scaled to
+    /// the baseline's machine by DuckDB's total time in both runs).
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run each query distributed: every task of its stages as a process of its own
@@ -467,8 +469,9 @@ fn main() -> Result<()> {
             .collect();
         let changes = compare_runs(&baseline, &new);
         println!(
-            "\ncompared with {}:\n{}",
+            "\ncompared with {} (this run's times x {:.2}: DuckDB's time there over its time here):\n{}",
             args.compare.as_deref().unwrap_or(Path::new("")).display(),
+            machine_factor(&baseline, &new),
             comparison_table(&changes, 5)
         );
         let regressed: Vec<&str> = changes
