@@ -24,10 +24,11 @@ use std::collections::HashSet;
 
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
-use datafusion::common::{Column, NullEquality, Result as DfResult};
+use datafusion::common::{Column, NullEquality, Result as DfResult, Statistics};
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
     BinaryExpr, Expr, ExprSchemable, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
+    TableScan,
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
@@ -422,13 +423,17 @@ fn is_left_deep(plan: &LogicalPlan) -> bool {
     }
 }
 
+/// What the table `scan` reads tells the planner of itself (rows, bytes, each column's
+/// distinct count), if anything.
+pub(super) fn table_statistics(scan: &TableScan) -> Option<Statistics> {
+    source_as_provider(&scan.source).ok()?.statistics()
+}
+
 /// (estimated rows after the relation's filters, rows before them).
 pub(super) fn estimate(plan: &LogicalPlan) -> (f64, f64) {
     match plan {
         LogicalPlan::TableScan(scan) => {
-            let rows = source_as_provider(&scan.source)
-                .ok()
-                .and_then(|p| p.statistics())
+            let rows = table_statistics(scan)
                 .and_then(|s| s.num_rows.get_value().copied())
                 .map_or(UNKNOWN_ROWS, |r| r as f64);
             let kept = fraction(&scan.filters);

@@ -29,7 +29,6 @@
 
 use std::collections::HashSet;
 
-use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result as DfResult};
 use datafusion::functions_aggregate::sum::sum_udaf;
@@ -39,7 +38,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use super::chain_order::{estimate, is_column_projection, is_key_join};
+use super::chain_order::{estimate, is_column_projection, is_key_join, table_statistics};
 
 /// The names of the aggregates the rule makes.
 const PARTIAL_PREFIX: &str = "__scad_eager_";
@@ -156,9 +155,8 @@ fn groups_as_fine_as_keys(r: &LogicalPlan, r_groups: &[&Column], r_keys: &[Colum
 fn distinct_count(plan: &LogicalPlan, column: &Column) -> Option<f64> {
     match plan {
         LogicalPlan::TableScan(scan) => {
-            let provider = source_as_provider(&scan.source).ok()?;
-            let index = provider.schema().index_of(&column.name).ok()?;
-            let stats = provider.statistics()?;
+            let index = scan.source.schema().index_of(&column.name).ok()?;
+            let stats = table_statistics(scan)?;
             let distinct = stats.column_statistics.get(index)?.distinct_count;
             distinct.get_value().map(|&d| d as f64)
         }

@@ -99,9 +99,8 @@ impl RemoteTable {
         let all_chunks: Vec<usize> = (0..frame.chunk_count()).collect();
         let all_columns: Vec<usize> = (0..schema.fields().len()).collect();
         let mut table_stats = stats.for_planner(frame.meta(), &all_chunks, &all_columns);
-        // Distinct counts for the logical rules (chain order, eager aggregation) only:
-        // the scan's own statistics, which DataFusion's join modes follow, stay
-        // rows and bytes.
+        // Distinct counts for our logical rules (eager aggregation) only: the scan's
+        // own statistics, which DataFusion's join modes follow, stay rows and bytes.
         for (i, column) in table_stats.column_statistics.iter_mut().enumerate() {
             column.distinct_count = match frame.meta().distinct_estimate(i) {
                 Some(d) => Precision::Inexact(d as usize),
