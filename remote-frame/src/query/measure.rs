@@ -32,19 +32,19 @@ impl QuerySession {
     }
 
     /// The statistics of a query or stage measured from `before`, which produced
-    /// `rows` rows with `plan`.
+    /// `rows` rows and whose scans read `scan_bytes` (see [`scan_bytes`]).
     pub(super) fn measure_end(
         &self,
         before: MeasureStart,
         rows: usize,
-        plan: &dyn ExecutionPlan,
+        scan_bytes: u64,
     ) -> QueryStats {
         QueryStats {
             elapsed: before.start.elapsed(),
             rows,
             peak_local_bytes: self.pool.peak_reserved() as u64,
             budget: self.env.budget(),
-            scan_bytes: scan_bytes(plan),
+            scan_bytes,
             spill_files: self.spill.files.load(Ordering::Relaxed) - before.files,
             spill_bytes_written: self.spill.bytes_written.load(Ordering::Relaxed) - before.written,
             spill_bytes_read: self.spill.bytes_read.load(Ordering::Relaxed) - before.read,
@@ -54,7 +54,7 @@ impl QuerySession {
 
 /// Bytes read from memory elements by the plan's scans of tables and stage outputs
 /// (their `bytes_read` metric).
-fn scan_bytes(plan: &dyn ExecutionPlan) -> u64 {
+pub(super) fn scan_bytes(plan: &dyn ExecutionPlan) -> u64 {
     let own = if plan.is::<scan::RemoteScanExec>() || plan.is::<stage::StageInputExec>() {
         plan.metrics()
             .and_then(|m| m.sum_by_name("bytes_read"))
