@@ -1226,6 +1226,43 @@ mod tests {
     }
 
     #[test]
+    fn a_query_whose_repartition_spilled_for_a_join_that_ended_early_frees_it_at_once() {
+        // Over two partitions the join is partitioned by key. Its build side is one
+        // row, so one partition's build side is empty and that join never reads its
+        // probe side; the repartition holds that partition's share of `cycled` for it
+        // and spills it (every chunk of `cycled` holds all 16 keys: the join's dynamic
+        // filter skips none). Those spill files are the plan's until the
+        // plan is dropped: the query must drop it before waiting for them (it waited
+        // 10 s in vain and returned with them still held).
+        let (env, frames) = env_and_frames();
+        let cycled = df!(
+            "k" => (0..ROWS).map(|i| i % 16).collect::<Vec<_>>(),
+            "pad" => (0..ROWS).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let session =
+            QuerySession::with_partitions(&env.with_budget(Budget::bytes(256 << 10).unwrap()), 2)
+                .unwrap();
+        for (name, frame) in &frames {
+            session.register(name, frame).unwrap();
+        }
+        let cycled = RemoteFrame::from_polars(&env, &cycled).unwrap();
+        session.register("cycled", &cycled).unwrap();
+        let sql = "SELECT b.pad FROM small s JOIN cycled b ON s.s_key = b.k \
+                   WHERE s.s_key + s.s_val = 0";
+        let out = session.sql(sql).unwrap();
+        assert_eq!(out.stats.rows, ROWS as usize / 16);
+        assert!(out.stats.spill_files > 0, "{}", out.explain_analyze());
+        assert_eq!(
+            session.release_timeouts(),
+            0,
+            "waited for spill files in vain"
+        );
+        assert_eq!(session.spill_bytes_held(), 0, "spill files left behind");
+        assert_eq!(session.reserved_bytes(), 0);
+    }
+
+    #[test]
     fn a_partition_too_large_for_its_share_is_split_at_the_next_level() {
         // 200,000 unique keys joined with themselves at 96 KiB: all 64 partitions
         // spill (a file a side), and their nested joins spill again.

@@ -85,7 +85,7 @@ mod window;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -138,6 +138,8 @@ pub struct QuerySession {
     spill: Arc<SpillCounters>,
     tables: Mutex<BTreeMap<String, RemoteFrame>>,
     running: Mutex<()>,
+    /// Queries that ended with memory still held after waiting for its release.
+    release_timeouts: AtomicU64,
 }
 
 impl std::fmt::Debug for QuerySession {
@@ -435,6 +437,7 @@ impl QuerySession {
             spill,
             tables: Mutex::new(BTreeMap::new()),
             running: Mutex::new(()),
+            release_timeouts: AtomicU64::new(0),
         })
     }
 
@@ -704,6 +707,13 @@ impl QuerySession {
         self.spill.live_bytes.load(Ordering::Relaxed)
     }
 
+    /// Queries of this session that ended with spill files or reservations still
+    /// held after waiting [`SPILL_RELEASE_WAIT`] for them (0 unless something leaks
+    /// or is slow to let go).
+    pub fn release_timeouts(&self) -> u64 {
+        self.release_timeouts.load(Ordering::Relaxed)
+    }
+
     /// Bytes of the local budget reserved now (0 between queries: every operator
     /// gives its reservation back when it is done or the query fails).
     pub fn reserved_bytes(&self) -> u64 {
@@ -732,6 +742,7 @@ impl QuerySession {
         let deadline = Instant::now() + SPILL_RELEASE_WAIT;
         while self.spill_bytes_held() > 0 || (reservations && self.reserved_bytes() > 0) {
             if Instant::now() >= deadline {
+                self.release_timeouts.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     spilled = self.spill_bytes_held(),
                     reserved = self.reserved_bytes(),
