@@ -7,6 +7,8 @@
 //! spill files must stay within twice the figures committed in `tests/bounds.tsv`
 //! (with a small floor). These figures do not depend on the machine, so a change
 //! that makes a query spill or read far more fails here, not only in a benchmark.
+//! Every query must also end within its budget, with its spill files freed and
+//! without waiting for them in vain (`QuerySession::release_timeouts`).
 //! `SCAD_SET_BOUNDS=1` writes the file from this run's figures; re-set it only
 //! with the reason in the commit message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -121,6 +123,11 @@ fn run_all(pct: u32) -> BTreeMap<(u32, String), Moved> {
             (None, None) => unreachable!("a run without stats failed"),
         }
         assert_eq!(session.spill_bytes_held(), 0, "{q} left spill files behind");
+        assert_eq!(
+            session.release_timeouts(),
+            0,
+            "{q} still held memory after waiting for its release"
+        );
     }
     assert!(
         failures.is_empty(),
