@@ -625,15 +625,13 @@ impl QuerySession {
             }
         };
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let scan_bytes = measure::scan_bytes(physical.as_ref());
         let analyzed = DisplayableExecutionPlan::with_metrics(physical.as_ref())
             .indent(true)
             .to_string();
         let schema = physical.schema();
         #[cfg(test)]
         let operator_metrics = operator_metrics(physical.as_ref());
-        drop(physical);
-        self.await_spill_release();
+        let scan_bytes = self.release_plan(physical);
         Ok(QueryOutput {
             schema,
             batches,
@@ -678,9 +676,7 @@ impl QuerySession {
                 return Err(e);
             }
         };
-        let scan_bytes = measure::scan_bytes(physical.as_ref());
-        drop(physical);
-        self.await_spill_release();
+        let scan_bytes = self.release_plan(physical);
         let stats = self.measure_end(before, frame.rows(), scan_bytes);
         env.record_query(&stats);
         Ok((frame, stats))
@@ -720,11 +716,20 @@ impl QuerySession {
         self.pool.reserved() as u64
     }
 
-    /// Waits (boundedly) until every spill file of the last query is freed. Call it
-    /// after dropping the query's plan: operators hold their spill files until then
-    /// (a repartition's buffered output for a join that ended early, q85 over two
-    /// partitions at 25 MiB: 10 s waited in vain), and tasks still running drop
-    /// theirs on the runtime's threads a moment later.
+    /// Drops the plan of a query that succeeded, then waits (boundedly) until every
+    /// spill file of it is freed; returns the bytes its scans read. Operators hold
+    /// their spill files until the plan is dropped (a repartition's buffered output
+    /// for a join that ended early, q85 over two partitions at 25 MiB: 10 s waited in
+    /// vain), and tasks still running drop theirs on the runtime's threads a moment
+    /// later.
+    fn release_plan(&self, plan: Arc<dyn ExecutionPlan>) -> u64 {
+        let scan_bytes = measure::scan_bytes(plan.as_ref());
+        drop(plan);
+        self.await_spill_release();
+        scan_bytes
+    }
+
+    /// Waits (boundedly) until every spill file of the last query is freed.
     fn await_spill_release(&self) {
         self.await_release(false);
     }

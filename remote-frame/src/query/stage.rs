@@ -51,7 +51,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::scan::{chunk_stream, group_bytes, ChunkReader};
-use super::{is_ordered, measure, QuerySession, QueryStats};
+use super::{is_ordered, QuerySession, QueryStats};
 use crate::error::{Error, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
 
@@ -446,9 +446,7 @@ impl QuerySession {
             plan = self.one_writer_repartitions(plan)?;
         }
         let written = self.write_tasks(&plan, shape, &tasks);
-        let scan_bytes = measure::scan_bytes(plan.as_ref());
-        drop(plan);
-        self.await_spill_release();
+        let scan_bytes = self.release_plan(plan);
         let frames = written?;
         let all = || frames.iter().flatten();
         let rows = all().map(RemoteFrame::rows).sum();
