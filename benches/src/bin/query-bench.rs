@@ -39,6 +39,16 @@ struct Args {
     /// Output directory (default: benches/results).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run only these operators (comma-separated names, e.g. `hash join,group-by`);
+    /// results then go to the output directory as usual, so point `--out` elsewhere.
+    #[arg(long, value_delimiter = ',')]
+    operators: Vec<String>,
+    /// Run only these budget variants (comma-separated: `unlimited`, `100`, `25`, `5`).
+    #[arg(long, value_delimiter = ',')]
+    budgets: Vec<String>,
+    /// Print the per-operator profile (`explain_analyze`) of every repetition.
+    #[arg(long)]
+    analyze: bool,
 }
 
 /// One operator: its SQL, the Polars query computing the same, and which tables it
@@ -194,7 +204,13 @@ fn main() -> Result<()> {
         ("fact", RemoteFrame::from_polars(&env, &fact)?),
         ("dim", RemoteFrame::from_polars(&env, &dim)?),
     ];
-    let ops = operators();
+    let ops: Vec<Operator> = operators()
+        .into_iter()
+        .filter(|op| args.operators.is_empty() || args.operators.iter().any(|n| n == op.name))
+        .collect();
+    if ops.is_empty() {
+        anyhow::bail!("no operator matches {:?}", args.operators);
+    }
     let bar = ProgressBar::new((ops.len() * 5) as u64)
         .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")?);
     let mut results = Vec::new();
@@ -227,6 +243,10 @@ fn main() -> Result<()> {
             ("25 %".to_string(), Some(input / 4)),
             ("5 %".to_string(), Some(input / 20)),
         ] {
+            let label = variant.trim_end_matches(" %");
+            if !args.budgets.is_empty() && !args.budgets.iter().any(|b| b == label) {
+                continue;
+            }
             let e = env.with_budget(Budget::from_limit(budget)?);
             let session = QuerySession::new(&e)?;
             for (n, f) in &frames {
@@ -241,6 +261,10 @@ fn main() -> Result<()> {
                     Ok(out) => {
                         times.push(t.elapsed().as_secs_f64());
                         last = Some((*out.stats(), out.rows()));
+                        if args.analyze {
+                            let profile = out.explain_analyze();
+                            bar.suspend(|| eprintln!("{} at {variant}:\n{profile}", op.name));
+                        }
                     }
                     Err(err) => {
                         let text = err.to_string();
