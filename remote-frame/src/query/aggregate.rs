@@ -49,7 +49,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::grace::{
     level_seed, partition_stream, spill_partitioned, OneShotExec, AGGREGATE_FANOUT, MAX_LEVEL,
 };
-use super::operator::{only_child, replace_each};
+use super::operator::{holder_cap, memory_holders, only_child, replace_each};
 use super::reserved_pool::ReservedPool;
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
 
@@ -65,6 +65,7 @@ impl PhysicalOptimizerRule for SpillingAggregates {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let sole = memory_holders(plan.as_ref()) == 1;
         replace_each(plan, |agg: &AggregateExec| {
             Ok(wrappable(agg).then(|| {
                 let ways = agg.properties().partitioning.partition_count().max(1);
@@ -73,6 +74,7 @@ impl PhysicalOptimizerRule for SpillingAggregates {
                     0,
                     String::new(),
                     ways,
+                    sole,
                 )) as _
             }))
         })
@@ -117,18 +119,22 @@ pub(crate) struct SpillingAggregateExec {
     path: String,
     /// Partitions of the level-0 aggregate, which run at once and share the budget.
     ways: usize,
+    /// Whether the aggregate is the only operator of its plan that holds memory (see
+    /// [`holder_cap`]).
+    sole: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl SpillingAggregateExec {
-    fn new(agg: Arc<AggregateExec>, level: u32, path: String, ways: usize) -> Self {
+    fn new(agg: Arc<AggregateExec>, level: u32, path: String, ways: usize, sole: bool) -> Self {
         let properties = agg.properties().clone();
         SpillingAggregateExec {
             agg,
             level,
             path,
             ways,
+            sole,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -186,6 +192,7 @@ impl ExecutionPlan for SpillingAggregateExec {
             self.level,
             self.path.clone(),
             self.ways,
+            self.sole,
         )))
     }
 
@@ -206,6 +213,7 @@ impl ExecutionPlan for SpillingAggregateExec {
                 level: self.level,
                 path: self.path.clone(),
                 ways: self.ways,
+                sole: self.sole,
                 properties: self.properties.clone(),
                 metrics: self.metrics.clone(),
             },
@@ -232,7 +240,12 @@ impl AggregateRun {
     async fn start(self) -> DfResult<SendableRecordBatchStream> {
         let agg = &self.exec.agg;
         let input_schema = agg.input().schema();
-        let mut input = agg.input().execute(self.partition, self.context.clone())?;
+        let input_context = if self.exec.sole {
+            aggregating_partials(&self.context)
+        } else {
+            self.context.clone()
+        };
+        let mut input = agg.input().execute(self.partition, input_context)?;
         let reservation = MemoryConsumer::new(format!(
             "SpillingAggregate[{}] level {}",
             self.partition, self.exec.level
@@ -244,7 +257,10 @@ impl AggregateRun {
         let (cap, floor) = match self.context.memory_pool().memory_limit() {
             MemoryLimit::Finite(bytes) => {
                 let share = bytes / self.exec.ways;
-                (share / 2, (share / 16).min(FLOOR_CAP))
+                (
+                    holder_cap(share, self.exec.sole),
+                    (share / 16).min(FLOOR_CAP),
+                )
             }
             _ => (usize::MAX, 0),
         };
@@ -258,7 +274,8 @@ impl AggregateRun {
         while let Some(batch) = input.next().await {
             let batch = batch?;
             // As a join's build side: at most half the budget, so that the
-            // operators feeding this one keep room while it reads.
+            // operators feeding this one keep room while it reads (all but a margin
+            // when nothing else in the plan holds memory).
             let need = used + state_cost(&batch);
             let room = need <= reservation.size()
                 || (need <= cap && reservation.try_grow(need - reservation.size()).is_ok());
@@ -296,8 +313,8 @@ impl AggregateRun {
             buffered.chain(input),
         )
         .await?;
-        // Of what the rows read held, a quarter of the budget stays reserved for
-        // the partitions (nothing above has had rows of this aggregate yet).
+        // Of what the rows read held, half the cap stays reserved for the
+        // partitions (nothing above has had rows of this aggregate yet).
         let room = cap / 2;
         let keep = reservation.size().min(room.max(floor));
         reservation.shrink(reservation.size() - keep);
@@ -326,8 +343,14 @@ impl AggregateRun {
                     parent => format!("{parent}/{p}"),
                 };
                 if level < MAX_LEVEL {
-                    return SpillingAggregateExec::new(inner, level + 1, path, exec.ways)
-                        .execute(0, context.clone());
+                    return SpillingAggregateExec::new(
+                        inner,
+                        level + 1,
+                        path,
+                        exec.ways,
+                        exec.sole,
+                    )
+                    .execute(0, context.clone());
                 }
                 let rows = inner.execute(0, context.clone())?;
                 // The last level: a group whose state outgrows the budget (see the
@@ -356,6 +379,29 @@ impl AggregateRun {
             runs.try_flatten(),
         )))
     }
+}
+
+/// `context` with partial aggregates that never skip aggregating. A partial
+/// aggregate whose first rows show little reduction passes rows on as states, each
+/// larger than its row, for the final phase to buffer: a sole final aggregate
+/// (nothing else competes for memory) does better with its input aggregated as far
+/// as memory allows, which the partial phase does, emitting early when it runs short.
+fn aggregating_partials(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    let mut config = context.session_config().clone();
+    config
+        .options_mut()
+        .execution
+        .skip_partial_aggregation_probe_rows_threshold = usize::MAX;
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
 }
 
 /// The most an aggregate keeps for itself before its input runs (a sixteenth of
@@ -437,14 +483,49 @@ mod tests {
         );
         // Less again: four of those partitions are still too large and are split
         // 16 ways each at the second level, the other twelve are not.
-        let (out, two_levels) = run(&env, &t, Some(256 << 10));
+        let (out, two_levels) = run(&env, &t, Some(128 << 10));
         assert_eq!(
             two_levels,
             (AGGREGATE_FANOUT + 4 * AGGREGATE_FANOUT) as u64,
             "{}",
             out.explain_analyze()
         );
-        assert!(out.stats().peak_local_bytes <= 256 << 10);
+        assert!(out.stats().peak_local_bytes <= 128 << 10);
+    }
+
+    #[test]
+    fn an_aggregate_alone_in_its_plan_has_its_partial_phase_aggregate_every_row() {
+        // The first rows are all distinct keys: the partial phase's probe sees no
+        // reduction and, beside other operators, passes rows on unaggregated.
+        let env = local_env(1, 256 << 20);
+        let rows: i64 = 300_000;
+        let groups: i64 = 150_000;
+        let t = df!(
+            "g" => (0..rows).map(|i| i % groups).collect::<Vec<_>>(),
+            "v" => (0..rows).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let t = RemoteFrame::from_polars(&env, &t).unwrap();
+        let env = env.with_budget(Budget::bytes(64 << 20).unwrap());
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        session.register("t", &t).unwrap();
+        let skipped = |out: &QueryOutput| {
+            out.explain_analyze()
+                .lines()
+                .filter_map(|l| l.split("skipped_aggregation_rows=").nth(1))
+                .any(|rest| !rest.starts_with('0'))
+        };
+        let alone = session
+            .sql("SELECT g, count(*) AS n FROM t GROUP BY g")
+            .unwrap();
+        assert!(!skipped(&alone), "{}", alone.explain_analyze());
+        assert_eq!(alone.rows(), groups as usize);
+        // Under a sort (which holds memory too) the probe decides as DataFusion's.
+        let sorted = session
+            .sql("SELECT g, count(*) AS n FROM t GROUP BY g ORDER BY n, g")
+            .unwrap();
+        assert!(skipped(&sorted), "{}", sorted.explain_analyze());
+        assert_eq!(sorted.rows(), groups as usize);
     }
 
     #[test]

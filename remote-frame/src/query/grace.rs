@@ -8,9 +8,12 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use arrow_buffer::BooleanBufferBuilder;
 use arrow_schema::SchemaRef;
-use datafusion::arrow::compute::{take_record_batch, BatchCoalescer};
+use datafusion::arrow::compute::{
+    concat_batches, filter_record_batch, take_record_batch, BatchCoalescer,
+};
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -152,9 +155,9 @@ impl Partitioner {
         self.fanout
     }
 
-    /// The row indices of `batch` in each partition (every row with the same key
-    /// values in the same one).
-    pub(crate) fn indices(&mut self, batch: &RecordBatch) -> DfResult<Vec<Vec<u32>>> {
+    /// The partition of each row of `batch` (every row with the same key values in
+    /// the same one).
+    fn partitions(&mut self, batch: &RecordBatch) -> DfResult<Vec<usize>> {
         let rows = batch.num_rows();
         let arrays: Vec<ArrayRef> = self
             .keys
@@ -164,10 +167,18 @@ impl Partitioner {
         self.hashes.clear();
         self.hashes.resize(rows, 0u64);
         create_hashes(&arrays, &self.hasher, &mut self.hashes)?;
+        // The high bits: the wrapped operator's own hash table uses the low ones.
+        Ok(self
+            .hashes
+            .iter()
+            .map(|h| ((h >> 40) as usize) % self.fanout)
+            .collect())
+    }
+
+    /// The row indices of `batch` in each partition, in row order.
+    pub(crate) fn indices(&mut self, batch: &RecordBatch) -> DfResult<Vec<Vec<u32>>> {
         let mut indices: Vec<Vec<u32>> = vec![Vec::new(); self.fanout];
-        for (row, h) in self.hashes.iter().enumerate() {
-            // The high bits: the wrapped operator's own hash table uses the low ones.
-            let p = ((h >> 40) as usize) % self.fanout;
+        for (row, p) in self.partitions(batch)?.into_iter().enumerate() {
             indices[p].push(row as u32);
         }
         Ok(indices)
@@ -295,6 +306,9 @@ where
     files.finish()
 }
 
+/// Pieces a partition kept in memory holds before they are gathered into one batch.
+const GATHER_PIECES: usize = 16;
+
 /// A build side split by key hash into partitions kept in memory while a
 /// reservation (up to a cap) takes them; when it does not, the largest partition in
 /// memory is written to a spill file and every later row of it follows there (a
@@ -358,6 +372,9 @@ impl HybridPartitions {
                 {
                     self.held[p].push(part);
                     self.held_bytes[p] += need;
+                    if self.held[p].len() >= GATHER_PIECES {
+                        self.gather(p)?;
+                    }
                     break;
                 }
                 // The largest partition in memory goes to memory elements (this
@@ -377,6 +394,26 @@ impl HybridPartitions {
         Ok(())
     }
 
+    /// Partition `p`'s pieces as one batch. A piece of a batch cut 64 ways holds a
+    /// few rows in buffers of their own, each with its fixed cost: gathered, they
+    /// take what their rows need, and the partition keeps more rows in memory.
+    fn gather(&mut self, p: usize) -> DfResult<()> {
+        let pieces = std::mem::take(&mut self.held[p]);
+        let schema = pieces[0].schema();
+        let whole = concat_batches(&schema, &pieces)?;
+        drop(pieces);
+        let cost = (self.cost)(&whole);
+        let before = std::mem::replace(&mut self.held_bytes[p], cost);
+        if cost <= before {
+            self.reservation
+                .shrink((before - cost).min(self.reservation.size()));
+        } else {
+            self.reservation.grow(cost - before);
+        }
+        self.held[p].push(whole);
+        Ok(())
+    }
+
     fn spill_partition(&mut self, p: usize) -> DfResult<()> {
         for batch in std::mem::take(&mut self.held[p]) {
             self.files.append(p, &batch)?;
@@ -384,6 +421,32 @@ impl HybridPartitions {
         self.reservation
             .shrink(std::mem::take(&mut self.held_bytes[p]).min(self.reservation.size()));
         Ok(())
+    }
+
+    /// The partitions as they stand, once the partitions in memory have reserved
+    /// `state(rows)` more for what their consumer builds on their rows (a join's
+    /// table): the largest ones are spilled until that fits under the cap.
+    pub(crate) fn finish_with_state(
+        mut self,
+        state: impl Fn(&[RecordBatch]) -> DfResult<usize>,
+    ) -> DfResult<PartitionedBuild> {
+        loop {
+            let held: Vec<RecordBatch> = self.held.iter().flatten().cloned().collect();
+            let need = state(&held)?;
+            if self.reservation.size() + need <= self.cap && self.reservation.try_grow(need).is_ok()
+            {
+                break;
+            }
+            let victim = (0..self.held.len())
+                .filter(|&q| !self.files.has(q) && self.held_bytes[q] > 0)
+                .max_by_key(|&q| self.held_bytes[q]);
+            match victim {
+                Some(q) => self.spill_partition(q)?,
+                // Nothing held: nothing is built.
+                None => break,
+            }
+        }
+        self.finish()
     }
 
     /// The partitions as they stand: those in memory and the spilled ones' files.
@@ -459,25 +522,29 @@ impl ProbeRouter {
         if batch.num_rows() == 0 {
             return Ok(None);
         }
-        let mut held_rows = Vec::new();
-        for (p, rows) in self.partitioner.indices(&batch)?.into_iter().enumerate() {
-            if rows.is_empty() {
-                continue;
+        // Rows of held partitions are picked out by a mask, in their order; rows of
+        // spilled ones gathered per partition.
+        let partitions = self.partitioner.partitions(&batch)?;
+        let mut spilled_rows: Vec<Vec<u32>> = vec![Vec::new(); self.spilled.len()];
+        let mut held = BooleanBufferBuilder::new(partitions.len());
+        for (row, &p) in partitions.iter().enumerate() {
+            let spilled = self.spilled[p];
+            held.append(!spilled);
+            if spilled {
+                spilled_rows[p].push(row as u32);
             }
-            if !self.spilled[p] {
-                held_rows.extend(rows);
-                continue;
+        }
+        for (p, rows) in spilled_rows.into_iter().enumerate() {
+            if !rows.is_empty() {
+                self.files.append(p, &take_rows(&batch, rows)?)?;
             }
-            self.files.append(p, &take_rows(&batch, rows)?)?;
         }
-        if held_rows.is_empty() {
-            return Ok(None);
+        let held = BooleanArray::new(held.finish(), None);
+        match held.true_count() {
+            0 => Ok(None),
+            n if n == batch.num_rows() => Ok(Some(batch)),
+            _ => Ok(Some(compact_views(&filter_record_batch(&batch, &held)?)?)),
         }
-        if held_rows.len() == batch.num_rows() {
-            return Ok(Some(batch));
-        }
-        held_rows.sort_unstable();
-        take_rows(&batch, held_rows).map(Some)
     }
 
     /// Reads the rest of the input (what the join over the partitions in memory

@@ -41,15 +41,17 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use arrow_schema::DataType;
 use arrow_schema::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, JoinSide, JoinType, Result as DfResult};
+use datafusion::common::{
+    DataFusionError, JoinSide, JoinType, NullEquality, Result as DfResult, ScalarValue,
+};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
 use datafusion::execution::{SpillFile, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
@@ -67,8 +69,8 @@ use super::grace::{
     level_seed, partition_stream, reserved_stream, take_rows, HybridPartitions, OneShotExec,
     Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
-use super::key_bounds::JoinKeyFilter;
-use super::operator::replace_each;
+use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
+use super::operator::{holder_cap, holds_memory, memory_holders, replace_each};
 use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
@@ -83,6 +85,7 @@ impl PhysicalOptimizerRule for SpillingJoins {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let sole = memory_holders(plan.as_ref()) == 1;
         replace_each(plan, |join: &HashJoinExec| {
             if join.null_aware || !wrappable(join) {
                 return Ok(None);
@@ -90,7 +93,7 @@ impl PhysicalOptimizerRule for SpillingJoins {
             // The wrapped join may see only some partitions of the build side, or
             // swapped roles: the wrapper publishes the probe keys' bounds itself.
             let copy = join.builder().reset_state().build()?;
-            let mut wrapped = SpillingHashJoinExec::new(Arc::new(copy));
+            let mut wrapped = SpillingHashJoinExec::new(Arc::new(copy), sole);
             wrapped.key_filter = JoinKeyFilter::of(join, wrapped.ways).map(Arc::new);
             Ok(Some(Arc::new(wrapped) as _))
         })
@@ -128,6 +131,9 @@ pub(crate) struct SpillingHashJoinExec {
     /// How many runs of this join share the budget at once (the partitions of the
     /// join at level 0), each taking its share.
     ways: usize,
+    /// Whether the join is the only operator of its plan that holds memory (see
+    /// [`holder_cap`]).
+    sole: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     /// The probe keys' dynamic filter, at level 0 (see [`super::key_bounds`]).
@@ -160,10 +166,11 @@ impl SkewMetrics {
 }
 
 impl SpillingHashJoinExec {
-    /// The join of a plan: its partitions run at once.
-    fn new(join: Arc<HashJoinExec>) -> Self {
+    /// The join of a plan (`sole`: the only operator in it that holds memory): its
+    /// partitions run at once.
+    fn new(join: Arc<HashJoinExec>, sole: bool) -> Self {
         let ways = join.properties().partitioning.partition_count().max(1);
-        Self::nested(join, 0, ways, String::new(), None)
+        Self::nested(join, 0, ways, sole, String::new(), None)
     }
 
     /// A join over partition `path` of a join partitioned `level` times, which runs
@@ -172,6 +179,7 @@ impl SpillingHashJoinExec {
         join: Arc<HashJoinExec>,
         level: u32,
         ways: usize,
+        sole: bool,
         path: String,
         skew: Option<SkewMetrics>,
     ) -> Self {
@@ -180,6 +188,7 @@ impl SpillingHashJoinExec {
             join,
             level,
             ways,
+            sole,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
             key_filter: None,
@@ -229,12 +238,13 @@ impl ExecutionPlan for SpillingHashJoinExec {
             .build()?;
         let join = Arc::new(join);
         let mut replaced = if self.level == 0 {
-            SpillingHashJoinExec::new(join)
+            SpillingHashJoinExec::new(join, self.sole)
         } else {
             SpillingHashJoinExec::nested(
                 join,
                 self.level,
                 self.ways,
+                self.sole,
                 self.path.clone(),
                 self.skew.clone(),
             )
@@ -258,6 +268,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
             join: self.join.clone(),
             level: self.level,
             ways: self.ways,
+            sole: self.sole,
             partition,
             context,
             metrics: self.metrics.clone(),
@@ -282,6 +293,7 @@ struct JoinRun {
     join: Arc<HashJoinExec>,
     level: u32,
     ways: usize,
+    sole: bool,
     partition: usize,
     context: Arc<TaskContext>,
     metrics: ExecutionPlanMetricsSet,
@@ -395,8 +407,10 @@ impl JoinRun {
             .execute(left_partition, self.context.clone())?;
         let limit = self.limit();
         // The join's hash table costs about as much again as the rows. A build side
-        // may take at most half the budget, so that the operators feeding it (often
-        // other joins) keep room while it is read.
+        // read before anything is decided takes at most half the budget: the
+        // operators feeding it (often other joins) keep room while it is read, and
+        // the probe side room to be read for a swap of roles. Partitioned, it may
+        // take more (see `build_cap`).
         let build = Prefix::read(&mut left, self.consumer("build"), limit / 2).await?;
         let mut right = self
             .join
@@ -458,8 +472,14 @@ impl JoinRun {
             left_spill.clone(),
             "hash join build",
             self.consumer("build partitions"),
-            if probe_holds_memory { 0 } else { limit / 2 },
-            build_cost,
+            if probe_holds_memory {
+                0
+            } else {
+                self.build_cap()
+            },
+            // The rows alone: the table built on the partitions kept is reserved
+            // once they are known (`table_bytes`).
+            |batch| batch.get_array_memory_size(),
         );
         // The rows read so far are handed to the partitions one by one, each giving
         // its share back as it goes, so nothing is counted twice.
@@ -473,7 +493,7 @@ impl JoinRun {
             partitions.push(&batch)?;
         }
         drop(rows);
-        let build = partitions.finish()?;
+        let build = partitions.finish_with_state(|held| self.table_bytes(held))?;
         if let Some(f) = &self.key_filter {
             f.report(bounds)?;
         }
@@ -483,6 +503,15 @@ impl JoinRun {
             Some(probe) => probe.chain(right_schema.clone(), right),
             None => right,
         };
+        if spilled == 0 {
+            // Every partition stayed in memory: the probe side needs no routing.
+            let held = HeldBuild {
+                schema: left_schema,
+                batches: build.held,
+                reservation: build.reservation,
+            };
+            return self.inner_join(held, OneShotExec::new(right_schema, right));
+        }
         let router = Arc::new(AsyncMutex::new(ProbeRouter::new(
             right,
             Partitioner::new(right_keys, seed, JOIN_FANOUT),
@@ -588,6 +617,86 @@ impl JoinRun {
         self.over(build, probe)?.execute(0, context)
     }
 
+    /// What DataFusion's hash join reserves for its table over the build rows
+    /// `held`, and the chain of row indices beside it: an array indexed by key
+    /// when its one integer key's range is small or dense enough, else a hash
+    /// table (hashbrown's buckets for the rows, a power of two, each with its
+    /// control byte).
+    fn table_bytes(&self, held: &[RecordBatch]) -> DfResult<usize> {
+        let rows: usize = held.iter().map(RecordBatch::num_rows).sum();
+        if rows == 0 {
+            return Ok(0);
+        }
+        let chain = rows * size_of::<u32>();
+        if let Some(range) = self.dense_key_range(held, rows)? {
+            return Ok((range + 1).saturating_mul(size_of::<u32>()) + chain);
+        }
+        let buckets = (rows.saturating_mul(8) / 7).next_power_of_two();
+        Ok(buckets.saturating_mul(size_of::<(u32, u64)>() + 1) + chain)
+    }
+
+    /// The range of the join's one integer key over `held` (`rows` rows) when
+    /// DataFusion builds its table as an array indexed by key (see
+    /// `perfect_hash_join_*` in its execution options).
+    fn dense_key_range(&self, held: &[RecordBatch], rows: usize) -> DfResult<Option<usize>> {
+        let [(key, _)] = self.join.on() else {
+            return Ok(None);
+        };
+        let mut bounds: Option<(ScalarValue, ScalarValue)> = None;
+        for batch in held {
+            let values = key.evaluate(batch)?.into_array(batch.num_rows())?;
+            if !matches!(
+                values.data_type(),
+                DataType::Int8
+                    | DataType::Int16
+                    | DataType::Int32
+                    | DataType::Int64
+                    | DataType::UInt8
+                    | DataType::UInt16
+                    | DataType::UInt32
+                    | DataType::UInt64
+            ) || (values.null_count() > 0
+                && self.join.null_equality() == NullEquality::NullEqualsNull)
+            {
+                return Ok(None);
+            }
+            let (lo, hi) = min_max(&values)?;
+            bounds = Some(match bounds {
+                Some((a, b)) => (least(a, lo), greatest(b, hi)),
+                None => (lo, hi),
+            });
+        }
+        let as_u64 = |v: &ScalarValue| match v {
+            ScalarValue::Int8(Some(v)) => Some(*v as u64),
+            ScalarValue::Int16(Some(v)) => Some(*v as u64),
+            ScalarValue::Int32(Some(v)) => Some(*v as u64),
+            ScalarValue::Int64(Some(v)) => Some(*v as u64),
+            ScalarValue::UInt8(Some(v)) => Some(u64::from(*v)),
+            ScalarValue::UInt16(Some(v)) => Some(u64::from(*v)),
+            ScalarValue::UInt32(Some(v)) => Some(u64::from(*v)),
+            ScalarValue::UInt64(Some(v)) => Some(*v),
+            _ => None,
+        };
+        let Some((Some(lo), Some(hi))) = bounds.map(|(lo, hi)| (as_u64(&lo), as_u64(&hi))) else {
+            return Ok(None);
+        };
+        let Ok(range) = usize::try_from(hi.wrapping_sub(lo)) else {
+            return Ok(None);
+        };
+        if range == usize::MAX {
+            return Ok(None);
+        }
+        let options = &self.context.session_config().options().execution;
+        let dense = rows as f64 / (range as f64 + 1.0) > options.perfect_hash_join_min_key_density;
+        Ok((range < options.perfect_hash_join_small_build_threshold || dense).then_some(range))
+    }
+
+    /// The most the partitions of a build side held in memory may take of
+    /// [`JoinRun::limit`]: all but a margin when the join is alone in its plan.
+    fn build_cap(&self) -> usize {
+        holder_cap(self.limit(), self.sole)
+    }
+
     /// This run's share of the budget: the join's partitions run at the same time.
     fn limit(&self) -> usize {
         match self.context.memory_pool().memory_limit() {
@@ -611,6 +720,7 @@ impl JoinRun {
                 Arc::new(join),
                 self.level + 1,
                 self.ways,
+                self.sole,
                 part.path,
                 Some(self.skew.clone()),
             );
@@ -628,10 +738,13 @@ impl JoinRun {
         part: SpilledPartition,
     ) -> DfResult<SendableRecordBatchStream> {
         let limit = self.limit();
+        // Half, sole or not: a piece of a skewed build side is joined with its whole
+        // probe partition read again, beside the pieces' own reading.
+        let cap = limit / 2;
         let build_schema = part.build_spill.schema().clone();
         let probe_schema = part.probe_spill.schema().clone();
         let mut rows = part.build_stream()?;
-        let build = Prefix::read(&mut rows, self.consumer("build"), limit / 2).await?;
+        let build = Prefix::read(&mut rows, self.consumer("build"), cap).await?;
         let fits = build.overflow.is_none();
         if fits {
             return self.inner_join(
@@ -641,13 +754,13 @@ impl JoinRun {
         }
         if union_over_build(*self.join.join_type()) {
             let rows = build.chain(build_schema.clone(), rows);
-            return Ok(self.block_nested_loop(rows, part, limit / 2));
+            return Ok(self.block_nested_loop(rows, part, cap));
         }
         // Memory goes back before the build side is read again.
         drop(build);
         drop(rows);
         if self.build_keys_only() {
-            if let Some(distinct) = self.distinct_build(&part, limit / 2).await? {
+            if let Some(distinct) = self.distinct_build(&part, cap).await? {
                 return self.inner_join(
                     distinct,
                     OneShotExec::new(probe_schema, part.probe_stream()?),
@@ -898,32 +1011,6 @@ fn join_kernel(join_type: JoinType) -> &'static str {
     }
 }
 
-/// Whether running `plan` holds memory beyond a batch at a time: a join's build
-/// side, a final aggregate's groups, a sort's runs, a window's partitions.
-fn holds_memory(plan: &dyn ExecutionPlan) -> bool {
-    let own = match plan.downcast_ref::<AggregateExec>() {
-        // Partial aggregates emit early when memory runs short.
-        Some(agg) => *agg.mode() != AggregateMode::Partial,
-        None => matches!(
-            plan.name(),
-            "HashJoinExec"
-                | "SpillingHashJoinExec"
-                | "SortMergeJoinExec"
-                | "NestedLoopJoinExec"
-                | "CrossJoinExec"
-                | "SymmetricHashJoinExec"
-                | "SortExec"
-                | "SpillingAggregateExec"
-                | "WindowAggExec"
-                | "PartitionedWindowExec"
-        ),
-    };
-    own || plan
-        .children()
-        .into_iter()
-        .any(|c| holds_memory(c.as_ref()))
-}
-
 /// The first `rows` rows of `input`.
 fn limit_rows<S>(input: S, rows: usize) -> impl futures::Stream<Item = DfResult<RecordBatch>>
 where
@@ -1044,6 +1131,30 @@ mod tests {
         assert_eq!(out.stats().spill_files, 0);
         assert_eq!(join_metric(&out, "swapped_roles"), 0);
         assert_eq!(join_metric(&out, "spilled_partitions"), 0);
+    }
+
+    #[test]
+    fn a_join_alone_in_its_plan_builds_on_most_of_the_budget_and_one_beside_others_on_half() {
+        let (env, frames) = env_and_frames();
+        // Read whole, the build side is counted at twice its rows: more than half
+        // of a budget of 3.9 times its rows, so it is partitioned. Its partitions
+        // with the table on them (an array by key: 1.25 times the rows) fit in what
+        // they may hold beside the quarter the probe side's first rows take (read
+        // for a swap of roles), so none is spilled.
+        let rows = frames[1].1.data_bytes();
+        let budget = Some(39 * rows / 10);
+        let (_, want) = run(&env, &frames, None, SQL);
+        let (out, got) = run(&env, &frames, budget, SQL);
+        assert!(got.equals_missing(&want));
+        let text = out.explain_analyze();
+        assert_eq!(join_metric(&out, "spilled_partitions"), 0, "{text}");
+        assert_eq!(out.stats().spill_files, 0, "{text}");
+        // A sort above holds memory too: the join keeps to half and spills.
+        let sorted = format!("{SQL} ORDER BY s_key");
+        let (out, got) = run(&env, &frames, budget, &sorted);
+        assert!(got.equals_missing(&want));
+        let text = out.explain_analyze();
+        assert!(join_metric(&out, "spilled_partitions") > 0, "{text}");
     }
 
     /// A pool in which an operator running beside the one under test takes all the
@@ -1171,7 +1282,9 @@ mod tests {
         let (env, frames) = env_and_frames();
         let (_, want) = run(&env, &frames, None, sql);
         assert_eq!(want.height(), ROWS as usize);
-        let (out, got) = run(&env, &frames, Some(1 << 20), sql);
+        // The build side's 320 KB cost 640 KB built: more than the seven eighths of
+        // 512 KiB its partitions may hold (the join is alone in its plan).
+        let (out, got) = run(&env, &frames, Some(512 << 10), sql);
         assert!(got.equals_missing(&want));
         let text = out.explain_analyze();
         let spilled = join_metric(&out, "spilled_partitions");
@@ -1209,7 +1322,7 @@ mod tests {
         let sql = "SELECT a.b_key, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
         let (env, frames) = env_and_frames();
         let session =
-            QuerySession::with_partitions(&env.with_budget(Budget::bytes(1 << 20).unwrap()), 1)
+            QuerySession::with_partitions(&env.with_budget(Budget::bytes(512 << 10).unwrap()), 1)
                 .unwrap();
         for (name, frame) in &frames {
             session.register(name, frame).unwrap();
@@ -1264,7 +1377,7 @@ mod tests {
 
     #[test]
     fn a_partition_too_large_for_its_share_is_split_at_the_next_level() {
-        // 200,000 unique keys joined with themselves at 96 KiB: all 64 partitions
+        // 200,000 unique keys joined with themselves at 64 KiB: all 64 partitions
         // spill (a file a side), and their nested joins spill again.
         let sql = "SELECT a.k, b.v FROM t a JOIN t b ON a.k = b.k";
         let (env, _) = env_and_frames();
@@ -1277,7 +1390,7 @@ mod tests {
         let frames = vec![("t", RemoteFrame::from_polars(&env, &t).unwrap())];
         let (_, want) = run(&env, &frames, None, sql);
         assert_eq!(want.height(), rows as usize);
-        let (out, got) = run(&env, &frames, Some(96 << 10), sql);
+        let (out, got) = run(&env, &frames, Some(64 << 10), sql);
         assert!(got.equals_missing(&want));
         let text = out.explain_analyze();
         assert_eq!(
@@ -1285,13 +1398,19 @@ mod tests {
             JOIN_FANOUT,
             "{text}"
         );
-        assert_eq!(out.stats().spill_files, 4 * JOIN_FANOUT as u64, "{text}");
+        // Each nested join spills two of its partitions again (a file a side): the
+        // hash table on keys spread that thin costs more than the rows.
+        assert_eq!(
+            out.stats().spill_files,
+            (2 + 2 * 2) * JOIN_FANOUT as u64,
+            "{text}"
+        );
         assert_eq!(
             out.stats().spill_bytes_written,
             out.stats().spill_bytes_read,
             "{text}"
         );
-        assert!(out.stats().peak_local_bytes <= 96 << 10);
+        assert!(out.stats().peak_local_bytes <= 64 << 10);
     }
 
     #[test]

@@ -66,7 +66,7 @@ impl KeyBounds {
 }
 
 /// The least and greatest non-null value of `values` (nulls if there is none).
-fn min_max(values: &ArrayRef) -> DfResult<(ScalarValue, ScalarValue)> {
+pub(crate) fn min_max(values: &ArrayRef) -> DfResult<(ScalarValue, ScalarValue)> {
     let mut lo = MinAccumulator::try_new(values.data_type())?;
     let mut hi = MaxAccumulator::try_new(values.data_type())?;
     lo.update_batch(std::slice::from_ref(values))?;
@@ -74,7 +74,7 @@ fn min_max(values: &ArrayRef) -> DfResult<(ScalarValue, ScalarValue)> {
     Ok((lo.evaluate()?, hi.evaluate()?))
 }
 
-fn least(a: ScalarValue, b: ScalarValue) -> ScalarValue {
+pub(crate) fn least(a: ScalarValue, b: ScalarValue) -> ScalarValue {
     if b < a {
         b
     } else {
@@ -82,7 +82,7 @@ fn least(a: ScalarValue, b: ScalarValue) -> ScalarValue {
     }
 }
 
-fn greatest(a: ScalarValue, b: ScalarValue) -> ScalarValue {
+pub(crate) fn greatest(a: ScalarValue, b: ScalarValue) -> ScalarValue {
     if b > a {
         b
     } else {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{ExecutionPlan, PlanProperties, ReplaceChildrenOptions};
 
 /// The one child in `children` of the operator `name` (for its `replace_children`).
@@ -50,6 +51,60 @@ pub(crate) fn replace_wrapped_children<T: ExecutionPlan + Clone + 'static>(
             wrapped.name()
         ))
     })
+}
+
+/// Whether `plan` itself (not counting its inputs) holds memory beyond a batch at a
+/// time: a join's build side, a final aggregate's groups, a sort's runs, a window's
+/// partitions.
+fn holds_memory_itself(plan: &dyn ExecutionPlan) -> bool {
+    match plan.downcast_ref::<AggregateExec>() {
+        // Partial aggregates emit early when memory runs short.
+        Some(agg) => *agg.mode() != AggregateMode::Partial,
+        None => matches!(
+            plan.name(),
+            "HashJoinExec"
+                | "SpillingHashJoinExec"
+                | "SortMergeJoinExec"
+                | "NestedLoopJoinExec"
+                | "CrossJoinExec"
+                | "SymmetricHashJoinExec"
+                | "SortExec"
+                | "SpillingAggregateExec"
+                | "WindowAggExec"
+                | "PartitionedWindowExec"
+        ),
+    }
+}
+
+/// Whether running `plan` holds memory beyond a batch at a time anywhere in it.
+pub(crate) fn holds_memory(plan: &dyn ExecutionPlan) -> bool {
+    holds_memory_itself(plan)
+        || plan
+            .children()
+            .into_iter()
+            .any(|c| holds_memory(c.as_ref()))
+}
+
+/// How many operators of `plan` hold memory (see [`holds_memory`]).
+pub(crate) fn memory_holders(plan: &dyn ExecutionPlan) -> usize {
+    usize::from(holds_memory_itself(plan))
+        + plan
+            .children()
+            .into_iter()
+            .map(|c| memory_holders(c.as_ref()))
+            .sum::<usize>()
+}
+
+/// What an operator that holds memory may hold of its budget `share`. Half, so that
+/// the operators feeding it, running beside it or waiting above it keep room; all but
+/// an eighth when it is `sole`, the only one of its plan that holds memory: then
+/// nothing else needs room but the batches passing through.
+pub(crate) fn holder_cap(share: usize, sole: bool) -> usize {
+    if sole {
+        share - share / 8
+    } else {
+        share / 2
+    }
 }
 
 /// `plan` with every operator of type `T` for which `replace` gives a replacement
