@@ -49,7 +49,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::grace::{
     level_seed, partition_stream, spill_partitioned, OneShotExec, AGGREGATE_FANOUT, MAX_LEVEL,
 };
-use super::operator::{holder_cap, memory_holders, only_child, replace_each};
+use super::operator::{holder_cap, memory_holders, only_child, replace_each, task_context_like};
 use super::reserved_pool::ReservedPool;
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
 
@@ -392,16 +392,7 @@ fn aggregating_partials(context: &Arc<TaskContext>) -> Arc<TaskContext> {
         .options_mut()
         .execution
         .skip_partial_aggregation_probe_rows_threshold = usize::MAX;
-    Arc::new(TaskContext::new(
-        context.task_id(),
-        context.session_id(),
-        config,
-        context.scalar_functions().clone(),
-        context.higher_order_functions().clone(),
-        context.aggregate_functions().clone(),
-        context.window_functions().clone(),
-        context.runtime_env(),
-    ))
+    task_context_like(context, config, context.runtime_env())
 }
 
 /// The most an aggregate keeps for itself before its input runs (a sixteenth of

@@ -45,6 +45,7 @@ use arrow_schema::DataType;
 use arrow_schema::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::utils::memory::estimate_memory_size;
 use datafusion::common::{
     DataFusionError, JoinSide, JoinType, NullEquality, Result as DfResult, ScalarValue,
 };
@@ -503,19 +504,21 @@ impl JoinRun {
             Some(probe) => probe.chain(right_schema.clone(), right),
             None => right,
         };
+        // Also without rows in memory: probe rows of partitions no build row fell
+        // in may still be output (outer joins).
+        let held = HeldBuild {
+            schema: left_schema.clone(),
+            batches: build.held,
+            reservation: build.reservation,
+        };
         if spilled == 0 {
             // Every partition stayed in memory: the probe side needs no routing.
-            let held = HeldBuild {
-                schema: left_schema,
-                batches: build.held,
-                reservation: build.reservation,
-            };
             return self.inner_join(held, OneShotExec::new(right_schema, right));
         }
         let router = Arc::new(AsyncMutex::new(ProbeRouter::new(
             right,
             Partitioner::new(right_keys, seed, JOIN_FANOUT),
-            build.spilled.clone(),
+            build.spilled,
             right_spill.clone(),
             "hash join probe",
         )));
@@ -523,14 +526,8 @@ impl JoinRun {
             let next = router.lock().await.next_held().await;
             next.map(|batch| (batch, router))
         });
-        // Also without rows in memory: probe rows of partitions no build row fell
-        // in may still be output (outer joins). Rows the join does not ask for
-        // (nothing they could produce) are read past by `files` below.
-        let held = HeldBuild {
-            schema: left_schema.clone(),
-            batches: build.held,
-            reservation: build.reservation,
-        };
+        // Probe rows the join does not ask for (nothing they could produce) are
+        // read past by `files` below.
         let held_probe = Box::pin(RecordBatchStreamAdapter::new(
             right_schema.clone(),
             held_probe,
@@ -631,8 +628,7 @@ impl JoinRun {
         if let Some(range) = self.dense_key_range(held, rows)? {
             return Ok((range + 1).saturating_mul(size_of::<u32>()) + chain);
         }
-        let buckets = (rows.saturating_mul(8) / 7).next_power_of_two();
-        Ok(buckets.saturating_mul(size_of::<(u32, u64)>() + 1) + chain)
+        Ok(estimate_memory_size::<(u32, u64)>(rows, 0)? + chain)
     }
 
     /// The range of the join's one integer key over `held` (`rows` rows) when

@@ -9,9 +9,12 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{ExecutionPlan, PlanProperties, ReplaceChildrenOptions};
+use datafusion::prelude::SessionConfig;
 
 /// The one child in `children` of the operator `name` (for its `replace_children`).
 pub(crate) fn only_child(
@@ -78,14 +81,10 @@ fn holds_memory_itself(plan: &dyn ExecutionPlan) -> bool {
 
 /// Whether running `plan` holds memory beyond a batch at a time anywhere in it.
 pub(crate) fn holds_memory(plan: &dyn ExecutionPlan) -> bool {
-    holds_memory_itself(plan)
-        || plan
-            .children()
-            .into_iter()
-            .any(|c| holds_memory(c.as_ref()))
+    memory_holders(plan) > 0
 }
 
-/// How many operators of `plan` hold memory (see [`holds_memory`]).
+/// How many operators of `plan` hold memory (see [`holds_memory_itself`]).
 pub(crate) fn memory_holders(plan: &dyn ExecutionPlan) -> usize {
     usize::from(holds_memory_itself(plan))
         + plan
@@ -105,6 +104,26 @@ pub(crate) fn holder_cap(share: usize, sole: bool) -> usize {
     } else {
         share / 2
     }
+}
+
+/// A task context like `context` (its task, session and functions) with `config` and
+/// `runtime`: how an operator runs the plans inside it under a pool or options of
+/// their own.
+pub(crate) fn task_context_like(
+    context: &TaskContext,
+    config: SessionConfig,
+    runtime: Arc<RuntimeEnv>,
+) -> Arc<TaskContext> {
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        runtime,
+    ))
 }
 
 /// `plan` with every operator of type `T` for which `replace` gives a replacement

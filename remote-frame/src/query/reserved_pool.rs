@@ -21,6 +21,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 
 use super::grace::OneShotExec;
+use super::operator::task_context_like;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -64,16 +65,11 @@ impl ReservedPool {
         let runtime = RuntimeEnvBuilder::from_runtime_env(&context.runtime_env())
             .with_memory_pool(pool)
             .build_arc()?;
-        Ok(Arc::new(TaskContext::new(
-            context.task_id(),
-            context.session_id(),
+        Ok(task_context_like(
+            context,
             context.session_config().clone(),
-            context.scalar_functions().clone(),
-            context.higher_order_functions().clone(),
-            context.aggregate_functions().clone(),
-            context.window_functions().clone(),
             runtime,
-        )))
+        ))
     }
 
     /// `batches` as a one-shot input, and a task context like `context` whose pool
