@@ -50,6 +50,7 @@ use super::grace::{
     level_seed, partition_stream, spill_partitioned, OneShotExec, AGGREGATE_FANOUT, MAX_LEVEL,
 };
 use super::operator::{holder_cap, memory_holders, only_child, replace_each, task_context_like};
+use super::owned::rows_bytes;
 use super::reserved_pool::ReservedPool;
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
 
@@ -400,9 +401,11 @@ fn aggregating_partials(context: &Arc<TaskContext>) -> Arc<TaskContext> {
 const FLOOR_CAP: usize = 8 << 20;
 
 /// What an input batch reserves: the rows, and about as much again for the groups'
-/// hash table and accumulators.
+/// hash table and accumulators. The rows as they are, not the buffers they point into:
+/// a partial aggregate hands its state on as slices of one batch, each of which
+/// Arrow sizes as the whole.
 fn state_cost(batch: &RecordBatch) -> usize {
-    2 * batch.get_array_memory_size()
+    2 * rows_bytes(batch)
 }
 
 #[cfg(test)]
@@ -462,9 +465,14 @@ mod tests {
         // Room for all groups: nothing spills.
         let (_, roomy) = run(&env, &t, Some(64 << 20));
         assert_eq!(roomy, 0);
+        // Room for the partial phase's 20 K groups of state (480 KB, twice that
+        // reserved), which it hands on as 20 slices of one batch: counted as the whole
+        // batch each, they spilled 16 files here.
+        let (out, fits) = run(&env, &t, Some(2 << 20));
+        assert_eq!(fits, 0, "{}", out.explain_analyze());
         // Too little: the final phase's input is partitioned once into its 16
         // partitions, each written to one file (the partitions fit then).
-        let (out, tight) = run(&env, &t, Some(2 << 20));
+        let (out, tight) = run(&env, &t, Some(512 << 10));
         assert_eq!(tight, AGGREGATE_FANOUT as u64, "{}", out.explain_analyze());
         assert_eq!(
             out.stats().spill_bytes_written,

@@ -72,6 +72,7 @@ use super::grace::{
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{holder_cap, holds_memory, memory_holders, replace_each};
+use super::owned::rows_bytes;
 use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
@@ -480,7 +481,7 @@ impl JoinRun {
             },
             // The rows alone: the table built on the partitions kept is reserved
             // once they are known (`table_bytes`).
-            |batch| batch.get_array_memory_size(),
+            rows_bytes,
         );
         // The rows read so far are handed to the partitions one by one, each giving
         // its share back as it goes, so nothing is counted twice.
@@ -1027,9 +1028,10 @@ where
 }
 
 /// What a build-side batch reserves: the rows and about as much again for the join's
-/// hash table.
+/// hash table (the rows themselves, however much of a shared buffer a slice points
+/// into).
 fn build_cost(batch: &RecordBatch) -> usize {
-    2 * batch.get_array_memory_size()
+    2 * rows_bytes(batch)
 }
 
 #[cfg(test)]
