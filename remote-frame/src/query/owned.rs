@@ -35,9 +35,12 @@ pub(crate) fn rows_bytes(batch: &RecordBatch) -> usize {
 
 fn column_rows_bytes(array: &ArrayRef) -> usize {
     if let Some(views) = array.as_any().downcast_ref::<StringViewArray>() {
-        // The views, the strings too long to inline, and the validity bits.
+        // The views, the strings too long to inline (no more than the buffers hold:
+        // views may share a string, as a scanned chunk's repeated values do), and the
+        // validity bits.
+        let buffers: usize = views.data_buffers().iter().map(|b| b.len()).sum();
         return views.len() * 16
-            + views.total_buffer_bytes_used()
+            + views.total_buffer_bytes_used().min(buffers)
             + views.nulls().map_or(0, |n| n.len().div_ceil(8));
     }
     array
@@ -117,6 +120,15 @@ mod tests {
         let long = views.slice(0, 10);
         assert_eq!(rows_bytes(&long), 10 * 16 + 10 * 35);
         assert!(long.get_array_memory_size() > 1_000 * rows_bytes(&long));
+        // Views sharing one string: its bytes once, not once per view.
+        let country = "a country of many customers";
+        let mut builder = arrow_array::builder::StringViewBuilder::new().with_deduplicate_strings();
+        for _ in 0..1_000 {
+            builder.append_value(country);
+        }
+        let shared =
+            RecordBatch::try_from_iter([("c", Arc::new(builder.finish()) as ArrayRef)]).unwrap();
+        assert_eq!(rows_bytes(&shared), 1_000 * 16 + country.len());
     }
 
     #[test]
