@@ -72,7 +72,7 @@ use super::grace::{
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{holder_cap, holds_memory, memory_holders, replace_each};
-use super::owned::rows_bytes;
+use super::owned::owned_if_shared;
 use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
@@ -323,7 +323,7 @@ impl Prefix {
     ) -> DfResult<Self> {
         let mut held = Vec::new();
         while let Some(batch) = input.next().await {
-            let batch = batch?;
+            let batch = owned_if_shared(batch?)?;
             let need = build_cost(&batch);
             if reservation.size() + need <= cap && reservation.try_grow(need).is_ok() {
                 held.push(batch);
@@ -480,8 +480,8 @@ impl JoinRun {
                 self.build_cap()
             },
             // The rows alone: the table built on the partitions kept is reserved
-            // once they are known (`table_bytes`).
-            rows_bytes,
+            // once they are known (`table_bytes`). The pieces own their buffers.
+            |batch| batch.get_array_memory_size(),
         );
         // The rows read so far are handed to the partitions one by one, each giving
         // its share back as it goes, so nothing is counted twice.
@@ -832,7 +832,7 @@ impl JoinRun {
             let (batch, offset) = match pending.take() {
                 Some(p) => p,
                 None => match rows.next().await {
-                    Some(batch) => (batch?, 0),
+                    Some(batch) => (owned_if_shared(batch?)?, 0),
                     None => break,
                 },
             };
@@ -1028,10 +1028,10 @@ where
 }
 
 /// What a build-side batch reserves: the rows and about as much again for the join's
-/// hash table (the rows themselves, however much of a shared buffer a slice points
-/// into).
+/// hash table. Counted as DataFusion's join counts them, once they own their buffers
+/// ([`owned_if_shared`]).
 fn build_cost(batch: &RecordBatch) -> usize {
-    2 * rows_bytes(batch)
+    2 * batch.get_array_memory_size()
 }
 
 #[cfg(test)]

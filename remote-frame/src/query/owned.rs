@@ -25,6 +25,24 @@ pub(crate) fn compact_views(batch: &RecordBatch) -> DfResult<RecordBatch> {
     map_columns(batch, |c| Ok(compact_view(c).unwrap_or_else(|| c.clone())))
 }
 
+/// `batch`, copied into buffers of its own rows when the buffers it points into are
+/// much larger than its rows (a slice of a partial aggregate's state, a batch decoded
+/// from a spill block): an operator about to hold it, and to lend DataFusion the memory
+/// it holds it under, then counts what DataFusion will (`get_array_memory_size`) and
+/// what the rows need alike. Others are passed on as they are.
+pub(crate) fn owned_if_shared(batch: RecordBatch) -> DfResult<RecordBatch> {
+    let rows = rows_bytes(&batch);
+    if batch.get_array_memory_size() > rows + rows / 4 + SHARED_SLACK {
+        owned_batch(&batch)
+    } else {
+        Ok(batch)
+    }
+}
+
+/// What a batch may hold beyond its rows and a quarter before [`owned_if_shared`]
+/// copies it: buffers' rounding to 64 bytes, a few columns' worth.
+const SHARED_SLACK: usize = 4 << 10;
+
 /// The bytes `batch`'s rows take: what [`owned_batch`] of it would hold, however
 /// much of the buffers it points into lie outside its rows. For operators that
 /// account for batches they are handed (slices of a sorted run, say) without
@@ -129,6 +147,29 @@ mod tests {
         let shared =
             RecordBatch::try_from_iter([("c", Arc::new(builder.finish()) as ArrayRef)]).unwrap();
         assert_eq!(rows_bytes(&shared), 1_000 * 16 + country.len());
+    }
+
+    #[test]
+    fn only_a_batch_pointing_into_much_more_than_its_rows_is_copied() {
+        let n = 100_000;
+        let batch = RecordBatch::try_from_iter([(
+            "k",
+            Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef,
+        )])
+        .unwrap();
+        let whole = owned_if_shared(batch.clone()).unwrap();
+        // Not copied: the same buffer.
+        assert_eq!(
+            whole.column(0).to_data().buffers()[0].as_ptr(),
+            batch.column(0).to_data().buffers()[0].as_ptr()
+        );
+        let slice = batch.slice(1_000, 8_192);
+        let owned = owned_if_shared(slice.clone()).unwrap();
+        assert_eq!(owned, slice);
+        // The slice is sized as the whole column, its copy as its rows.
+        assert!(slice.get_array_memory_size() >= 8 * n as usize);
+        assert!(owned.get_array_memory_size() <= rows_bytes(&slice) + SHARED_SLACK);
+        assert!(owned.get_array_memory_size() < 8 * 8_192 + 1_024);
     }
 
     #[test]
