@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use arrow_array::builder::StringViewBuilder;
 use arrow_array::{make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray};
 use arrow_data::transform::MutableArrayData;
 use datafusion::common::Result as DfResult;
@@ -87,12 +88,18 @@ fn map_columns(
 }
 
 /// A view array compacted: a copy of its views would still refer to all of its
-/// data buffers. `None` for other arrays.
+/// data buffers. Its long strings go to one buffer of exactly their size (Arrow's
+/// `gc` grows blocks by doubling: a batch of 8,192 rows needing 0.3 MB came to
+/// 1.2 MB). `None` for other arrays.
 fn compact_view(array: &ArrayRef) -> Option<ArrayRef> {
-    array
-        .as_any()
-        .downcast_ref::<StringViewArray>()
-        .map(|views| Arc::new(views.gc()) as ArrayRef)
+    let views = array.as_any().downcast_ref::<StringViewArray>()?;
+    let long = u32::try_from(views.total_buffer_bytes_used()).unwrap_or(u32::MAX);
+    let mut builder =
+        StringViewBuilder::with_capacity(views.len()).with_fixed_block_size(long.max(1));
+    for value in views.iter() {
+        builder.append_option(value);
+    }
+    Some(Arc::new(builder.finish()))
 }
 
 fn owned_column(array: &ArrayRef) -> DfResult<ArrayRef> {
@@ -137,6 +144,13 @@ mod tests {
         .unwrap();
         let long = views.slice(0, 10);
         assert_eq!(rows_bytes(&long), 10 * 16 + 10 * 35);
+        let compacted = compact_views(&views.slice(0, 8_192)).unwrap();
+        assert_eq!(compacted, views.slice(0, 8_192));
+        let tight = rows_bytes(&compacted);
+        assert!(
+            compacted.get_array_memory_size() < tight + tight / 8,
+            "{tight}"
+        );
         assert!(long.get_array_memory_size() > 1_000 * rows_bytes(&long));
         // Views sharing one string: its bytes once, not once per view.
         let country = "a country of many customers";
