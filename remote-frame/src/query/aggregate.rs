@@ -425,14 +425,19 @@ mod tests {
     const GROUPS: i64 = 20_000;
     const SQL: &str = "SELECT g, count(*) AS n, sum(v) AS s FROM t GROUP BY g";
 
-    fn env_and_table() -> (FrameEnv, RemoteFrame) {
-        let env = local_env(1, 128 << 20);
+    /// A frame of `rows` rows in `env`: `g` = `group(i)` and `v` = `i` for row `i`.
+    fn grouped_frame(env: &FrameEnv, rows: i64, group: impl Fn(i64) -> i64) -> RemoteFrame {
         let t = df!(
-            "g" => (0..ROWS).map(|i| i * 7 % GROUPS).collect::<Vec<_>>(),
-            "v" => (0..ROWS).collect::<Vec<_>>()
+            "g" => (0..rows).map(group).collect::<Vec<_>>(),
+            "v" => (0..rows).collect::<Vec<_>>()
         )
         .unwrap();
-        let frame = RemoteFrame::from_polars(&env, &t).unwrap();
+        RemoteFrame::from_polars(env, &t).unwrap()
+    }
+
+    fn env_and_table() -> (FrameEnv, RemoteFrame) {
+        let env = local_env(1, 128 << 20);
+        let frame = grouped_frame(&env, ROWS, |i| i * 7 % GROUPS);
         (env, frame)
     }
 
@@ -499,12 +504,7 @@ mod tests {
         let env = local_env(1, 256 << 20);
         let rows: i64 = 300_000;
         let groups: i64 = 150_000;
-        let t = df!(
-            "g" => (0..rows).map(|i| i % groups).collect::<Vec<_>>(),
-            "v" => (0..rows).collect::<Vec<_>>()
-        )
-        .unwrap();
-        let t = RemoteFrame::from_polars(&env, &t).unwrap();
+        let t = grouped_frame(&env, rows, |i| i % groups);
         let env = env.with_budget(Budget::bytes(64 << 20).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         session.register("t", &t).unwrap();
@@ -536,12 +536,7 @@ mod tests {
         let env = local_env(1, 256 << 20);
         let rows: i64 = 400_000;
         let groups: i64 = 200_000;
-        let t = df!(
-            "g" => (0..rows).map(|i| i * 7 % groups).collect::<Vec<_>>(),
-            "v" => (0..rows).collect::<Vec<_>>()
-        )
-        .unwrap();
-        let t = RemoteFrame::from_polars(&env, &t).unwrap();
+        let t = grouped_frame(&env, rows, |i| i * 7 % groups);
         let env = env.with_budget(Budget::bytes(2 << 20).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         session.register("t", &t).unwrap();

@@ -154,7 +154,7 @@ mod tests {
         assert!(long.get_array_memory_size() > 1_000 * rows_bytes(&long));
         // Views sharing one string: its bytes once, not once per view.
         let country = "a country of many customers";
-        let mut builder = arrow_array::builder::StringViewBuilder::new().with_deduplicate_strings();
+        let mut builder = StringViewBuilder::new().with_deduplicate_strings();
         for _ in 0..1_000 {
             builder.append_value(country);
         }
