@@ -27,11 +27,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use arrow_schema::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Result as DfResult;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
-use datafusion::execution::TaskContext;
+use datafusion::execution::{SpillFile, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -47,10 +48,11 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, spill_partitioned, OneShotExec, AGGREGATE_FANOUT, MAX_LEVEL,
+    level_seed, partition_stream, split_fanout, HybridPartitions, OneShotExec, Partitioner,
+    AGGREGATE_FANOUT, MAX_LEVEL,
 };
 use super::operator::{holder_cap, memory_holders, only_child, replace_each, task_context_like};
-use super::owned::rows_bytes;
+use super::owned::{owned_batch, rows_bytes};
 use super::reserved_pool::ReservedPool;
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
 
@@ -75,6 +77,7 @@ impl PhysicalOptimizerRule for SpillingAggregates {
                     0,
                     String::new(),
                     ways,
+                    AGGREGATE_FANOUT,
                     sole,
                 )) as _
             }))
@@ -120,6 +123,8 @@ pub(crate) struct SpillingAggregateExec {
     path: String,
     /// Partitions of the level-0 aggregate, which run at once and share the budget.
     ways: usize,
+    /// The partitions its input is split into if it does not fit.
+    fanout: usize,
     /// Whether the aggregate is the only operator of its plan that holds memory (see
     /// [`holder_cap`]).
     sole: bool,
@@ -128,13 +133,21 @@ pub(crate) struct SpillingAggregateExec {
 }
 
 impl SpillingAggregateExec {
-    fn new(agg: Arc<AggregateExec>, level: u32, path: String, ways: usize, sole: bool) -> Self {
+    fn new(
+        agg: Arc<AggregateExec>,
+        level: u32,
+        path: String,
+        ways: usize,
+        fanout: usize,
+        sole: bool,
+    ) -> Self {
         let properties = agg.properties().clone();
         SpillingAggregateExec {
             agg,
             level,
             path,
             ways,
+            fanout,
             sole,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -193,6 +206,7 @@ impl ExecutionPlan for SpillingAggregateExec {
             self.level,
             self.path.clone(),
             self.ways,
+            self.fanout,
             self.sole,
         )))
     }
@@ -214,6 +228,7 @@ impl ExecutionPlan for SpillingAggregateExec {
                 level: self.level,
                 path: self.path.clone(),
                 ways: self.ways,
+                fanout: self.fanout,
                 sole: self.sole,
                 properties: self.properties.clone(),
                 metrics: self.metrics.clone(),
@@ -297,51 +312,90 @@ impl AggregateRun {
             let inner = self.exec.with_input(Arc::new(rows))?;
             return inner.execute(0, context);
         };
-        // Too large: partition the input into memory elements by group key.
-        self.spilled_partitions.add(AGGREGATE_FANOUT);
+        // Too large: a hybrid partitioning of the input by group key. Half the cap
+        // stays reserved for the spilled partitions' runs (nothing above has had
+        // rows of this aggregate yet); the partitions kept in memory take the rest,
+        // the largest spilled to memory elements when they do not fit.
         let keys = agg.group_expr().input_exprs();
         let spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),
             SpillMetrics::new(&self.exec.metrics, self.partition),
             input_schema.clone(),
         ));
-        let buffered = futures::stream::iter(held.into_iter().chain([first_overflow]).map(Ok));
-        let files = spill_partitioned(
+        let room = (cap / 2).max(floor).min(reservation.size());
+        let later = reservation.split(room);
+        // An aggregate whose state grows with its rows may outgrow what its rows
+        // reserve: all its partitions are spilled and run through the levels, where
+        // a group too large for the budget is found and named.
+        let in_memory_cap = if state_grows_with_rows(agg) {
+            0
+        } else {
+            cap.saturating_sub(room)
+        };
+        let mut partitions = HybridPartitions::new(
+            Partitioner::new(keys.clone(), level_seed(self.exec.level), self.exec.fanout),
             spill.clone(),
-            &keys,
-            level_seed(self.exec.level),
             "hash aggregate",
-            buffered.chain(input),
-        )
-        .await?;
-        // Of what the rows read held, half the cap stays reserved for the
-        // partitions (nothing above has had rows of this aggregate yet).
-        let room = cap / 2;
-        let keep = reservation.size().min(room.max(floor));
-        reservation.shrink(reservation.size() - keep);
+            reservation,
+            in_memory_cap,
+            state_cost,
+        );
+        // The rows read so far are handed over one by one, each giving its share
+        // back as its pieces reserve theirs.
+        for batch in held.into_iter().chain([first_overflow]) {
+            partitions.give_back(state_cost(&batch));
+            partitions.push(&batch)?;
+        }
+        while let Some(batch) = input.next().await {
+            partitions.push(&batch?)?;
+        }
+        let build = partitions.finish()?;
+        let files = build.files;
+        self.spilled_partitions
+            .add(build.spilled.iter().filter(|&&s| s).count());
         let schema = agg.schema();
         let level = self.exec.level;
         let budget = match self.context.memory_pool().memory_limit() {
             MemoryLimit::Finite(bytes) => bytes,
             _ => usize::MAX,
         };
-        let exec = Arc::new(self.exec);
         let batch_rows = self.context.session_config().batch_size();
-        // The partitions run one after another in the room kept, which they hand
-        // back to this aggregate, not to the pool, as each is done.
+        // The partitions kept in memory are aggregated first, out of the memory
+        // they were read under and the room kept; then the spilled ones, one run
+        // after another in that room, which the runs hand back to this aggregate,
+        // not to the pool, as each is done.
+        let keep = later.size();
+        drop(later);
+        let reservation = build.reservation;
+        let keep = match reservation.try_grow(keep) {
+            Ok(()) => keep,
+            Err(_) => 0,
+        };
         let limit = self.context.memory_pool().memory_limit();
         let lent = Arc::new(ReservedPool::new(reservation, keep, limit));
         let context = ReservedPool::context(lent, &self.context)?;
-        let runs = futures::stream::iter(files.into_iter().enumerate()).map(
-            move |(p, file)| -> DfResult<SendableRecordBatchStream> {
+        let in_memory = if build.held.is_empty() {
+            None
+        } else {
+            let rows = futures::stream::iter(build.held.into_iter().map(Ok));
+            let rows = OneShotExec::new(
+                input_schema.clone(),
+                Box::pin(RecordBatchStreamAdapter::new(input_schema, rows)),
+            );
+            let inner = self.exec.with_input(Arc::new(rows))?;
+            Some(inner.execute(0, context.clone())?)
+        };
+        let exec = Arc::new(self.exec);
+        let runs = futures::stream::iter(coalesced_runs(files, cap)).map(
+            move |run| -> DfResult<SendableRecordBatchStream> {
                 let leaf = OneShotExec::new(
                     spill.schema().clone(),
-                    partition_stream(&spill, file.clone(), batch_rows)?,
+                    run_stream(&spill, &run.files, batch_rows)?,
                 );
                 let inner = exec.with_input(Arc::new(leaf))?;
                 let path = match exec.path.as_str() {
-                    "" => p.to_string(),
-                    parent => format!("{parent}/{p}"),
+                    "" => run.name,
+                    parent => format!("{parent}/{}", run.name),
                 };
                 if level < MAX_LEVEL {
                     return SpillingAggregateExec::new(
@@ -349,17 +403,18 @@ impl AggregateRun {
                         level + 1,
                         path,
                         exec.ways,
+                        split_fanout(run.cost, cap),
                         exec.sole,
                     )
                     .execute(0, context.clone());
                 }
                 let rows = inner.execute(0, context.clone())?;
                 // The last level: a group whose state outgrows the budget (see the
-                // module docs). Its partition's file is still there to count keys in.
+                // module docs). Its partition's files are still there to count keys in.
                 let (spill, keys, pool) = (spill.clone(), keys.clone(), context.memory_pool());
                 let pool = pool.clone();
                 Ok(memory_error_as(rows, move |e| async move {
-                    let counted = match partition_stream(&spill, file, batch_rows) {
+                    let counted = match run_stream(&spill, &run.files, batch_rows) {
                         Ok(rows) => {
                             let reservation = MemoryConsumer::new("SpillingAggregate skewed keys")
                                 .register(&pool);
@@ -375,10 +430,36 @@ impl AggregateRun {
                 }))
             },
         );
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            runs.try_flatten(),
-        )))
+        let spilled = runs.try_flatten();
+        let groups: futures::stream::BoxStream<'static, DfResult<RecordBatch>> = match in_memory {
+            Some(rows) => Box::pin(rows.chain(spilled)),
+            None => Box::pin(spilled),
+        };
+        // A run emits its groups as slices of one batch whose string values sit in
+        // a few large blocks, each slice counted by an operator above (a sort) as
+        // all of them: 12.7 MB a slice at 25 MiB, more than was free (q47). A
+        // slice counted at more than a quarter of the budget beyond its rows is
+        // copied to count its rows; smaller ones are left as DataFusion's own
+        // aggregate hands them on (a sort filling the budget with batches counted
+        // exactly had no room left to merge them when it spilled).
+        let slack = budget / 4;
+        let groups = groups.map(move |batch| {
+            batch.and_then(|b| {
+                if b.get_array_memory_size() > rows_bytes(&b).saturating_add(slack) {
+                    owned_batch(&b)
+                } else {
+                    Ok(b)
+                }
+            })
+        });
+        // Dropped as soon as the last group is out, with the room the runs were
+        // lent: an operator above (a sort merging its runs) needs it then.
+        let groups = futures::stream::unfold(Some(groups), |groups| async move {
+            let mut groups = groups?;
+            let next = groups.next().await?;
+            Some((next, Some(groups)))
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, groups)))
     }
 }
 
@@ -396,9 +477,94 @@ fn aggregating_partials(context: &Arc<TaskContext>) -> Arc<TaskContext> {
     task_context_like(context, config, context.runtime_env())
 }
 
+/// Spilled partitions aggregated in one run of the wrapped aggregate.
+struct Run {
+    /// The partitions' files.
+    files: Vec<Arc<dyn SpillFile>>,
+    /// What their rows reserve read back (as [`state_cost`] counts them).
+    cost: usize,
+    /// The partitions' indices (`5` or `5-9`), for errors.
+    name: String,
+}
+
+/// The spilled partitions `files` (by index, `None` where a partition has no rows)
+/// gathered into runs: consecutive partitions together while their rows' state fits
+/// three quarters of `cap` (a partition larger than that runs alone, and is split
+/// again). Every group lies in one partition, so a run of several answers as each
+/// would; one run instead of many saves the wrapped aggregate's setup and output per
+/// partition.
+fn coalesced_runs(files: Vec<Option<Arc<dyn SpillFile>>>, cap: usize) -> Vec<Run> {
+    let target = cap / 4 * 3;
+    let mut runs: Vec<Run> = Vec::new();
+    let mut first = 0;
+    for (p, file) in files.into_iter().enumerate() {
+        let Some(file) = file else { continue };
+        let bytes = file.size().and_then(|b| usize::try_from(b).ok());
+        let cost = bytes.map_or(usize::MAX, |b| b.saturating_mul(2));
+        match runs.last_mut() {
+            Some(run) if run.cost.saturating_add(cost) <= target => {
+                run.files.push(file);
+                run.cost += cost;
+                run.name = format!("{first}-{p}");
+            }
+            _ => {
+                first = p;
+                runs.push(Run {
+                    files: vec![file],
+                    cost,
+                    name: p.to_string(),
+                });
+            }
+        }
+    }
+    runs
+}
+
+/// The rows of `files` one after another (see [`partition_stream`]).
+fn run_stream(
+    spill: &Arc<SpillManager>,
+    files: &[Arc<dyn SpillFile>],
+    batch_rows: usize,
+) -> DfResult<SendableRecordBatchStream> {
+    let streams = files
+        .iter()
+        .map(|f| partition_stream(spill, Some(f.clone()), batch_rows))
+        .collect::<DfResult<Vec<_>>>()?;
+    let rows = futures::stream::iter(streams).flatten();
+    Ok(Box::pin(RecordBatchStreamAdapter::new(
+        spill.schema().clone(),
+        rows,
+    )))
+}
+
 /// The most an aggregate keeps for itself before its input runs (a sixteenth of
 /// the budget up to this).
 const FLOOR_CAP: usize = 8 << 20;
+
+/// Whether an aggregate function of `agg` keeps a state that grows with its group's
+/// rows (a list: `array_agg`, a median, a distinct count), not a few numbers.
+fn state_grows_with_rows(agg: &AggregateExec) -> bool {
+    agg.aggr_expr().iter().any(|f| {
+        f.state_fields().map_or(true, |fields| {
+            fields.iter().any(|field| {
+                matches!(
+                    field.data_type(),
+                    DataType::List(_)
+                        | DataType::LargeList(_)
+                        | DataType::ListView(_)
+                        | DataType::LargeListView(_)
+                        | DataType::FixedSizeList(..)
+                        | DataType::Utf8
+                        | DataType::LargeUtf8
+                        | DataType::Utf8View
+                        | DataType::Binary
+                        | DataType::LargeBinary
+                        | DataType::BinaryView
+                )
+            })
+        })
+    })
+}
 
 /// What an input batch reserves: the rows, and about as much again for the groups'
 /// hash table and accumulators. The rows as they are, not the buffers they point into:
@@ -475,26 +641,33 @@ mod tests {
         // batch each, they spilled 16 files here.
         let (out, fits) = run(&env, &t, Some(2 << 20));
         assert_eq!(fits, 0, "{}", out.explain_analyze());
-        // Too little: the final phase's input is partitioned once into its 16
-        // partitions, each written to one file (the partitions fit then).
+        // A little too little: the final phase's input is partitioned once into
+        // 16 partitions; most stay in memory and 2 are spilled, a file each.
+        let (out, little) = run(&env, &t, Some(1536 << 10));
+        assert_eq!(little, 2, "{}", out.explain_analyze());
+        // A third of that: 14 spilled; they fit then, several to a run.
         let (out, tight) = run(&env, &t, Some(512 << 10));
-        assert_eq!(tight, AGGREGATE_FANOUT as u64, "{}", out.explain_analyze());
+        assert_eq!(tight, 14, "{}", out.explain_analyze());
         assert_eq!(
             out.stats().spill_bytes_written,
             out.stats().spill_bytes_read,
             "{}",
             out.explain_analyze()
         );
-        // Less again: four of those partitions are still too large and are split
-        // 16 ways each at the second level, the other twelve are not.
-        let (out, two_levels) = run(&env, &t, Some(128 << 10));
+        // Less again: all 16 spilled, and each still too large for a run: split
+        // by its size at the second level (8 or 16 ways, each part about half the
+        // memory share), where the parts that do not stay in memory, 192 in all,
+        // are spilled again.
+        let (out, two_levels) = run(&env, &t, Some(48 << 10));
         assert_eq!(
             two_levels,
-            (AGGREGATE_FANOUT + 4 * AGGREGATE_FANOUT) as u64,
+            (AGGREGATE_FANOUT + 192) as u64,
             "{}",
             out.explain_analyze()
         );
-        assert!(out.stats().peak_local_bytes <= 128 << 10);
+        assert!(out.stats().peak_local_bytes <= 48 << 10);
+        let text = out.explain_analyze();
+        assert!(text.contains("spilled_partitions=16]"), "{text}");
     }
 
     #[test]
@@ -600,9 +773,9 @@ mod tests {
     #[test]
     fn a_frequent_group_with_small_state_is_aggregated_within_the_budget() {
         // Counts and sums: group 7's state is two numbers, however many rows it
-        // has. Nine groups in ten rows: the partial aggregate passes rows through
-        // unaggregated, and the final one gets all 20,000 of group 7, down to the
-        // last level.
+        // has, and its partition (a tenth of the rows are group 7) is aggregated in
+        // one run like the others (its partitions are split once more by their
+        // size: 94 files in all).
         let env = local_env(1, 128 << 20);
         let rows = 200_000;
         let t = skewed_table(&env, rows, 10);
@@ -612,11 +785,7 @@ mod tests {
         let session = skewed_session(&env, &t, Some(budget));
         let got = session.sql(sql).unwrap();
         let text = got.explain_analyze();
-        // Group 7's partition is split at every level.
-        assert!(
-            got.stats().spill_files > (MAX_LEVEL as u64 + 1) * AGGREGATE_FANOUT as u64,
-            "{text}"
-        );
+        assert_eq!(got.stats().spill_files, 94, "{text}");
         assert!(got.stats().peak_local_bytes <= budget, "{text}");
         let sorted = |out: &QueryOutput| {
             out.to_polars()

@@ -67,8 +67,8 @@ use futures::lock::Mutex as AsyncMutex;
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, take_rows, HybridPartitions, OneShotExec,
-    Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
+    level_seed, partition_stream, reserved_stream, split_fanout, take_rows, HybridPartitions,
+    OneShotExec, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{holder_cap, holds_memory, memory_holders, replace_each};
@@ -136,6 +136,8 @@ pub(crate) struct SpillingHashJoinExec {
     /// Whether the join is the only operator of its plan that holds memory (see
     /// [`holder_cap`]).
     sole: bool,
+    /// The partitions its build side is split into if it does not fit.
+    fanout: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     /// The probe keys' dynamic filter, at level 0 (see [`super::key_bounds`]).
@@ -191,6 +193,7 @@ impl SpillingHashJoinExec {
             level,
             ways,
             sole,
+            fanout: JOIN_FANOUT,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
             key_filter: None,
@@ -252,6 +255,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
             )
         };
         replaced.key_filter = self.key_filter.clone();
+        replaced.fanout = self.fanout;
         Ok(Arc::new(replaced))
     }
 
@@ -271,6 +275,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
             level: self.level,
             ways: self.ways,
             sole: self.sole,
+            fanout: self.fanout,
             partition,
             context,
             metrics: self.metrics.clone(),
@@ -296,6 +301,7 @@ struct JoinRun {
     level: u32,
     ways: usize,
     sole: bool,
+    fanout: usize,
     partition: usize,
     context: Arc<TaskContext>,
     metrics: ExecutionPlanMetricsSet,
@@ -470,7 +476,7 @@ impl JoinRun {
             right_schema.clone(),
         ));
         let mut partitions = HybridPartitions::new(
-            Partitioner::new(left_keys, seed, JOIN_FANOUT),
+            Partitioner::new(left_keys, seed, self.fanout),
             left_spill.clone(),
             "hash join build",
             self.consumer("build partitions"),
@@ -518,7 +524,7 @@ impl JoinRun {
         }
         let router = Arc::new(AsyncMutex::new(ProbeRouter::new(
             right,
-            Partitioner::new(right_keys, seed, JOIN_FANOUT),
+            Partitioner::new(right_keys, seed, self.fanout),
             build.spilled,
             right_spill.clone(),
             "hash join probe",
@@ -713,7 +719,8 @@ impl JoinRun {
                 OneShotExec::new(part.build_spill.schema().clone(), part.build_stream()?),
                 OneShotExec::new(part.probe_spill.schema().clone(), part.probe_stream()?),
             )?;
-            let nested = SpillingHashJoinExec::nested(
+            let build_bytes = part.build.as_ref().and_then(|f| f.size());
+            let mut nested = SpillingHashJoinExec::nested(
                 Arc::new(join),
                 self.level + 1,
                 self.ways,
@@ -721,6 +728,11 @@ impl JoinRun {
                 part.path,
                 Some(self.skew.clone()),
             );
+            // Split by its size, should it not fit: a partition a little too large
+            // cut 64 ways would spill dozens of files of a few rows.
+            nested.fanout = build_bytes
+                .and_then(|b| usize::try_from(b).ok())
+                .map_or(JOIN_FANOUT, |b| split_fanout(b, self.build_cap()));
             return nested.execute(0, self.context.clone());
         }
         let schema = self.join.schema();
@@ -1396,11 +1408,11 @@ mod tests {
             JOIN_FANOUT,
             "{text}"
         );
-        // Each nested join spills two of its partitions again (a file a side): the
-        // hash table on keys spread that thin costs more than the rows.
+        // Each nested join, split by its size into a few parts, keeps all but one
+        // in memory and spills that one (a file a side).
         assert_eq!(
             out.stats().spill_files,
-            (2 + 2 * 2) * JOIN_FANOUT as u64,
+            (2 + 2) * JOIN_FANOUT as u64,
             "{text}"
         );
         assert_eq!(
