@@ -325,13 +325,10 @@ impl AggregateRun {
         let room = (cap / 2).max(floor).min(reservation.size());
         let later = reservation.split(room);
         // An aggregate whose state grows with its rows may outgrow what its rows
-        // reserve: all its partitions are spilled and run through the levels, where
-        // a group too large for the budget is found and named.
-        let in_memory_cap = if state_grows_with_rows(agg) {
-            0
-        } else {
-            cap.saturating_sub(room)
-        };
+        // reserve: all its partitions are spilled and run one at a time through the
+        // levels, where a group too large for the budget is found and named.
+        let grows = state_grows_with_rows(agg);
+        let in_memory_cap = if grows { 0 } else { cap.saturating_sub(room) };
         let mut partitions = HybridPartitions::new(
             Partitioner::new(keys.clone(), level_seed(self.exec.level), self.exec.fanout),
             spill.clone(),
@@ -386,7 +383,8 @@ impl AggregateRun {
             Some(inner.execute(0, context.clone())?)
         };
         let exec = Arc::new(self.exec);
-        let runs = futures::stream::iter(coalesced_runs(files, cap)).map(
+        let run_target = if grows { 0 } else { cap / 4 * 3 };
+        let runs = futures::stream::iter(coalesced_runs(files, run_target)).map(
             move |run| -> DfResult<SendableRecordBatchStream> {
                 let leaf = OneShotExec::new(
                     spill.schema().clone(),
@@ -489,12 +487,11 @@ struct Run {
 
 /// The spilled partitions `files` (by index, `None` where a partition has no rows)
 /// gathered into runs: consecutive partitions together while their rows' state fits
-/// three quarters of `cap` (a partition larger than that runs alone, and is split
-/// again). Every group lies in one partition, so a run of several answers as each
+/// `target` (a partition larger than that runs alone, and is split again if it does
+/// not fit). Every group lies in one partition, so a run of several answers as each
 /// would; one run instead of many saves the wrapped aggregate's setup and output per
 /// partition.
-fn coalesced_runs(files: Vec<Option<Arc<dyn SpillFile>>>, cap: usize) -> Vec<Run> {
-    let target = cap / 4 * 3;
+fn coalesced_runs(files: Vec<Option<Arc<dyn SpillFile>>>, target: usize) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     let mut first = 0;
     for (p, file) in files.into_iter().enumerate() {
@@ -766,6 +763,41 @@ mod tests {
                 if key == "g=7" && *level == MAX_LEVEL),
             "{text}"
         );
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+    }
+
+    #[test]
+    fn a_distinct_count_is_aggregated_a_partition_at_a_time() {
+        // As the Python verbs test (Polars' `n_unique`, which counts a null as one
+        // more value): 40,000 rows in chunks of 256, 20,000 keys, 977 names, 80 KB.
+        // A distinct count's state (the values seen) outgrows what its rows
+        // reserve: two spilled partitions in one run failed out of the budget.
+        let env = local_env(1, 128 << 20).with_chunk_rows(256);
+        let rows: i64 = 40_000;
+        let t = df!(
+            "g" => (0..rows).map(|i| (i * 7_919 + 13) % 20_000).collect::<Vec<_>>(),
+            "v" => (0..rows).map(|i| i % 100).collect::<Vec<_>>(),
+            "name" => (0..rows).map(|i| format!("item-{}", i % 977)).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let t = RemoteFrame::from_polars(&env, &t).unwrap();
+        let sql = "SELECT g, sum(v) AS s, \
+                   count(DISTINCT name) + CAST(count(1) > count(name) AS BIGINT) AS names \
+                   FROM t GROUP BY g";
+        let want = skewed_session(&env, &t, None).sql(sql).unwrap();
+        let session = skewed_session(&env, &t, Some(80_000));
+        let got = session.sql(sql).unwrap();
+        let text = got.explain_analyze();
+        assert!(got.stats().spill_files > 0, "{text}");
+        assert!(got.stats().peak_local_bytes <= 80_000, "{text}");
+        let sorted = |out: &QueryOutput| {
+            out.to_polars()
+                .unwrap()
+                .sort(["g"], SortMultipleOptions::default())
+                .unwrap()
+        };
+        assert!(sorted(&got).equals_missing(&sorted(&want)));
         assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
         assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
     }
