@@ -573,7 +573,7 @@ fn state_cost(batch: &RecordBatch) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use polars::prelude::{df, ChunkAgg, SortMultipleOptions};
+    use polars::prelude::{df, ChunkAgg, DataFrame, SortMultipleOptions};
 
     use super::*;
     use crate::budget::Budget;
@@ -604,17 +604,27 @@ mod tests {
         (env, frame)
     }
 
+    /// The answer sorted by its group column `g`.
+    fn by_group(out: &QueryOutput) -> DataFrame {
+        out.to_polars()
+            .unwrap()
+            .sort(["g"], SortMultipleOptions::default())
+            .unwrap()
+    }
+
+    /// Nothing of `session`'s queries is left in memory elements or reserved.
+    fn assert_all_freed(session: &QuerySession) {
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+    }
+
     fn run(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> (QueryOutput, u64) {
         let env = env.with_budget(Budget::from_limit(budget).unwrap());
         let session = QuerySession::with_partitions(&env, 1).unwrap();
         session.register("t", t).unwrap();
         let out = session.sql(SQL).unwrap();
         assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
-        let got = out
-            .to_polars()
-            .unwrap()
-            .sort(["g"], SortMultipleOptions::default())
-            .unwrap();
+        let got = by_group(&out);
         // Every group: three rows (i, i + GROUPS, i + 2 GROUPS share i * 7 % GROUPS).
         assert_eq!(got.height(), GROUPS as usize);
         let n = got.column("n").unwrap().i64().unwrap();
@@ -763,8 +773,7 @@ mod tests {
                 if key == "g=7" && *level == MAX_LEVEL),
             "{text}"
         );
-        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
-        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        assert_all_freed(&session);
     }
 
     #[test]
@@ -791,15 +800,8 @@ mod tests {
         let text = got.explain_analyze();
         assert!(got.stats().spill_files > 0, "{text}");
         assert!(got.stats().peak_local_bytes <= 80_000, "{text}");
-        let sorted = |out: &QueryOutput| {
-            out.to_polars()
-                .unwrap()
-                .sort(["g"], SortMultipleOptions::default())
-                .unwrap()
-        };
-        assert!(sorted(&got).equals_missing(&sorted(&want)));
-        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
-        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        assert!(by_group(&got).equals_missing(&by_group(&want)));
+        assert_all_freed(&session);
     }
 
     #[test]
@@ -819,15 +821,8 @@ mod tests {
         let text = got.explain_analyze();
         assert_eq!(got.stats().spill_files, 94, "{text}");
         assert!(got.stats().peak_local_bytes <= budget, "{text}");
-        let sorted = |out: &QueryOutput| {
-            out.to_polars()
-                .unwrap()
-                .sort(["g"], SortMultipleOptions::default())
-                .unwrap()
-        };
-        assert!(sorted(&got).equals_missing(&sorted(&want)));
+        assert!(by_group(&got).equals_missing(&by_group(&want)));
         assert_eq!(got.rows(), (rows - rows / 10 + 1) as usize);
-        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
-        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        assert_all_freed(&session);
     }
 }

@@ -441,12 +441,11 @@ impl HybridPartitions {
             && self.pending_bytes.iter().sum::<usize>() + need <= self.cap / 4
             && self.reservation.size() + need <= self.cap
             && self.reservation.try_grow(need).is_ok();
+        self.pending[p].push(part);
         if queued {
-            self.pending[p].push(part);
             self.pending_bytes[p] += need;
             return Ok(());
         }
-        self.pending[p].push(part);
         self.flush(p)
     }
 
@@ -459,8 +458,8 @@ impl HybridPartitions {
             [first, ..] => concat_batches(&first.schema(), &pieces)?,
         };
         self.files.append(p, &batch)?;
-        self.reservation
-            .shrink(std::mem::take(&mut self.pending_bytes[p]).min(self.reservation.size()));
+        let queued = std::mem::take(&mut self.pending_bytes[p]);
+        self.give_back(queued);
         Ok(())
     }
 
