@@ -8,7 +8,7 @@
 //! proves the same of every string. Anything it does not accept goes to `try_new`,
 //! so malformed input fails with arrow's own error.
 
-use arrow_array::StringViewArray;
+use arrow_array::{Array, StringViewArray};
 use arrow_buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow_data::ByteView;
 use arrow_schema::ArrowError;
@@ -32,6 +32,62 @@ pub(crate) fn string_views(
     // prefix, and (the buffer being valid UTF-8 as a whole) a range starting and ending
     // on character boundaries, so that the string is valid UTF-8 too.
     Ok(unsafe { StringViewArray::new_unchecked(views, data, nulls) })
+}
+
+/// The strings at `rows` of `array` (repeats allowed), their long strings copied
+/// into one buffer of exactly their size: the pieces a partitioner or a filter cuts
+/// hold only their own strings, in one pass and without checking again what `array`
+/// already proved. `None` when the strings would not fit one buffer (4 GiB).
+pub(crate) fn gather_views(array: &StringViewArray, rows: &[u32]) -> Option<StringViewArray> {
+    let views = array.views();
+    let nulls = array.nulls();
+    let valid = |row: usize| nulls.is_none_or(|n| n.is_valid(row));
+    let long: usize = rows
+        .iter()
+        .map(|&r| r as usize)
+        .filter(|&r| valid(r) && views[r] as u32 > INLINE_LEN)
+        .map(|r| views[r] as u32 as usize)
+        .sum();
+    u32::try_from(long).ok()?;
+    let buffers = array.data_buffers();
+    let mut data = Vec::with_capacity(long);
+    let mut gathered = Vec::with_capacity(rows.len());
+    for &row in rows {
+        let row = row as usize;
+        let view = views[row];
+        let len = view as u32;
+        if !valid(row) {
+            // A null's view is never read; an empty one points nowhere.
+            gathered.push(0);
+        } else if len <= INLINE_LEN {
+            gathered.push(view);
+        } else {
+            let mut long = ByteView::from(view);
+            let start = long.offset as usize;
+            let offset = data.len();
+            data.extend_from_slice(
+                &buffers[long.buffer_index as usize][start..start + len as usize],
+            );
+            long.buffer_index = 0;
+            // At most `long`, which fits a u32 (checked above).
+            long.offset = offset as u32;
+            gathered.push(long.as_u128());
+        }
+    }
+    let nulls = nulls.map(|n| NullBuffer::from_iter(rows.iter().map(|&r| n.is_valid(r as usize))));
+    let data = if data.is_empty() {
+        vec![]
+    } else {
+        vec![Buffer::from_vec(data)]
+    };
+    // SAFETY: `array` is a valid view array (arrow's constructors and ours check
+    // that), so each of its non-null views is an inline string of valid UTF-8 or
+    // points at valid UTF-8 inside its buffers. Each gathered view is either such an
+    // inline view unchanged, the empty view of a null, or a long view whose length
+    // and prefix are unchanged and that points at a verbatim copy of its string in
+    // buffer 0 (the slicing above panics rather than read out of bounds). The null
+    // buffer has one bit per gathered view.
+    Some(unsafe { StringViewArray::new_unchecked(ScalarBuffer::from(gathered), data, nulls) })
 }
 
 /// Whether `try_new` would accept these parts (see [`string_views`]).
@@ -245,5 +301,46 @@ mod tests {
         }
         // Both outcomes were tried many times.
         assert!((500..4_500).contains(&accepted), "{accepted} accepted");
+    }
+
+    #[test]
+    fn gathered_views_equal_taken_ones_and_hold_only_their_strings() {
+        use arrow_array::builder::StringViewBuilder;
+        use arrow_array::UInt32Array;
+
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        // Small blocks: the strings spread over many buffers.
+        let mut builder = StringViewBuilder::new().with_fixed_block_size(256);
+        for i in 0..2_000 {
+            match i % 5 {
+                0 => builder.append_null(),
+                1 => builder.append_value(format!("s{i}")),
+                _ => {
+                    builder.append_value(format!("a longer string, né {i} {}", "x".repeat(i % 40)))
+                }
+            }
+        }
+        let array = builder.finish();
+        assert!(array.data_buffers().len() > 10);
+        for n in [0, 1, 700, 5_000] {
+            // Repeats and any order.
+            let rows: Vec<u32> = (0..n).map(|_| rng.gen_range(0..2_000)).collect();
+            let gathered = gather_views(&array, &rows).unwrap();
+            let taken =
+                datafusion::arrow::compute::take(&array, &UInt32Array::from(rows.clone()), None)
+                    .unwrap();
+            assert_eq!(&gathered as &dyn Array, taken.as_ref());
+            let long: usize = rows
+                .iter()
+                .filter(|&&r| array.is_valid(r as usize))
+                .map(|&r| array.value(r as usize).len())
+                .filter(|&l| l > 12)
+                .sum();
+            let held: usize = gathered.data_buffers().iter().map(|b| b.len()).sum();
+            assert_eq!(held, long);
+            assert!(gathered.data_buffers().len() <= 1);
+            // What arrow's own checks make of it.
+            gathered.to_data().validate_full().unwrap();
+        }
     }
 }

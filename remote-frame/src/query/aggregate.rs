@@ -48,8 +48,8 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, split_fanout, HybridPartitions, OneShotExec, Partitioner,
-    AGGREGATE_FANOUT, MAX_LEVEL,
+    aggregate_fanout, level_seed, partition_stream, split_fanout, HybridPartitions, OneShotExec,
+    Partitioner, MAX_LEVEL,
 };
 use super::operator::{holder_cap, memory_holders, only_child, replace_each, task_context_like};
 use super::owned::{owned_batch, rows_bytes};
@@ -77,7 +77,7 @@ impl PhysicalOptimizerRule for SpillingAggregates {
                     0,
                     String::new(),
                     ways,
-                    AGGREGATE_FANOUT,
+                    None,
                     sole,
                 )) as _
             }))
@@ -123,8 +123,9 @@ pub(crate) struct SpillingAggregateExec {
     path: String,
     /// Partitions of the level-0 aggregate, which run at once and share the budget.
     ways: usize,
-    /// The partitions its input is split into if it does not fit.
-    fanout: usize,
+    /// The partitions its input is split into if it does not fit (`None`: by its
+    /// cap, [`aggregate_fanout`]).
+    fanout: Option<usize>,
     /// Whether the aggregate is the only operator of its plan that holds memory (see
     /// [`holder_cap`]).
     sole: bool,
@@ -138,7 +139,7 @@ impl SpillingAggregateExec {
         level: u32,
         path: String,
         ways: usize,
-        fanout: usize,
+        fanout: Option<usize>,
         sole: bool,
     ) -> Self {
         let properties = agg.properties().clone();
@@ -330,7 +331,11 @@ impl AggregateRun {
         let grows = state_grows_with_rows(agg);
         let in_memory_cap = if grows { 0 } else { cap.saturating_sub(room) };
         let mut partitions = HybridPartitions::new(
-            Partitioner::new(keys.clone(), level_seed(self.exec.level), self.exec.fanout),
+            Partitioner::new(
+                keys.clone(),
+                level_seed(self.exec.level),
+                self.exec.fanout.unwrap_or_else(|| aggregate_fanout(cap)),
+            ),
             spill.clone(),
             "hash aggregate",
             reservation,
@@ -401,7 +406,7 @@ impl AggregateRun {
                         level + 1,
                         path,
                         exec.ways,
-                        split_fanout(run.cost, cap),
+                        Some(split_fanout(run.cost, cap)),
                         exec.sole,
                     )
                     .execute(0, context.clone());
@@ -580,6 +585,7 @@ mod tests {
     use crate::env::FrameEnv;
     use crate::error::Error;
     use crate::frame::RemoteFrame;
+    use crate::query::grace::AGGREGATE_FANOUT;
     use crate::query::test_env::local_env;
     use crate::query::{QueryOutput, QuerySession};
     use arrow_array::Int64Array;

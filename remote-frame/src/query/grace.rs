@@ -8,12 +8,10 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arrow_array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_buffer::BooleanBufferBuilder;
 use arrow_schema::SchemaRef;
-use datafusion::arrow::compute::{
-    concat_batches, filter_record_batch, take_record_batch, BatchCoalescer,
-};
+use datafusion::arrow::compute::{concat_batches, filter_record_batch, BatchCoalescer};
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -29,7 +27,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::owned::compact_views;
+use super::owned::{compact_views, take_rows};
 
 /// Partitions a hybrid hash join splits its build side into when it does not fit.
 /// The partitions that fit stay in memory, so many partitions cost little; with
@@ -37,15 +35,29 @@ use super::owned::compact_views;
 /// partitioned once.
 pub(crate) const JOIN_FANOUT: usize = 64;
 
-/// Partitions a spilling aggregate splits its input into at the first level, where
-/// the input's size is unknown (a partition split again is split by its size). As
-/// many as fit stay in memory, and small spilled ones are aggregated together, so
-/// many partitions cost no pass each; but every input batch is cut into that many
-/// pieces: a group-by at a quarter of its input took 1.3x as long over 64 as over
-/// 16, while q67 at 25 MiB, 14 times its share, moved 0.7 GB over 64 and 1.2 GB
-/// over 16 (its partitions split again). The plans' statistics carry no row counts
-/// to choose between them.
+/// The fewest partitions a spilling aggregate splits its input into at the first
+/// level, where the input's size is unknown (a partition split again is split by
+/// its size); see [`aggregate_fanout`].
 pub(crate) const AGGREGATE_FANOUT: usize = 16;
+
+/// The room of its cap each first-level partition of a spilling aggregate is given
+/// at least (see [`aggregate_fanout`]).
+const AGGREGATE_PARTITION_ROOM: usize = 128 << 10;
+
+/// The partitions a spilling aggregate with `cap` bytes splits its input into at
+/// the first level: as many as leave each [`AGGREGATE_PARTITION_ROOM`] of the cap,
+/// from [`AGGREGATE_FANOUT`] to [`SPLIT_FANOUT`]. As many partitions as fit stay in
+/// memory and small spilled ones are aggregated together, so a large input is best
+/// split many ways at once: q67 at 25 MiB, 14 times its share, moved 0.7 GB over
+/// 64 partitions and 1.2 GB over 16 (its partitions split again). Under a small cap
+/// each batch cut into many pieces costs more than it saves (every piece is a
+/// batch of its own to reserve, spill and read back), and the plans' statistics
+/// carry no reliable row counts to choose by.
+pub(crate) fn aggregate_fanout(cap: usize) -> usize {
+    let fits = cap / AGGREGATE_PARTITION_ROOM;
+    let fanout = if fits == 0 { 1 } else { 1 << fits.ilog2() };
+    fanout.clamp(AGGREGATE_FANOUT, SPLIT_FANOUT)
+}
 
 /// The most partitions a partition too large for its share is split into.
 pub(crate) const SPLIT_FANOUT: usize = 64;
@@ -144,8 +156,8 @@ pub(crate) fn partition_stream(
                         // it: a partition of a few rows would look many times its
                         // size. Copied, it takes what its rows need.
                         Ok(Some(batch)) => {
-                            let rows = (0..batch.num_rows() as u32).collect();
-                            Some((take_rows(&batch, rows), (input, None)))
+                            let rows: Vec<u32> = (0..batch.num_rows() as u32).collect();
+                            Some((take_rows(&batch, &rows), (input, None)))
                         }
                         Ok(None) => None,
                         Err(e) => Some((Err(e.into()), (input, None))),
@@ -217,15 +229,9 @@ impl Partitioner {
             .into_iter()
             .enumerate()
             .filter(|(_, rows)| !rows.is_empty())
-            .map(|(p, rows)| Ok((p, take_rows(batch, rows)?)))
+            .map(|(p, rows)| Ok((p, take_rows(batch, &rows)?)))
             .collect()
     }
-}
-
-/// The rows `rows` of `batch`, owning their values (a view array's pieces would
-/// otherwise keep, and be sized and spilled as, all of its data buffers).
-pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DfResult<RecordBatch> {
-    compact_views(&take_record_batch(batch, &UInt32Array::from(rows))?)
 }
 
 /// A finished spill file (`None`: nothing was written).
@@ -591,7 +597,7 @@ impl ProbeRouter {
         }
         for (p, rows) in spilled_rows.into_iter().enumerate() {
             if !rows.is_empty() {
-                self.files.append(p, &take_rows(&batch, rows)?)?;
+                self.files.append(p, &take_rows(&batch, &rows)?)?;
             }
         }
         let held = BooleanArray::new(held.finish(), None);
@@ -673,6 +679,18 @@ mod tests {
     use datafusion::physical_expr::expressions::Column;
 
     use super::*;
+
+    #[test]
+    fn an_aggregate_is_split_more_ways_the_more_room_it_has() {
+        // Each partition has at least its room of the cap, within 16 and 64.
+        assert_eq!(aggregate_fanout(0), 16);
+        assert_eq!(aggregate_fanout(80_000), 16);
+        assert_eq!(aggregate_fanout(2 << 20), 16);
+        assert_eq!(aggregate_fanout((4 << 20) + 1), 32);
+        assert_eq!(aggregate_fanout((8 << 20) - 1), 32);
+        assert_eq!(aggregate_fanout(8 << 20), 64);
+        assert_eq!(aggregate_fanout(usize::MAX), 64);
+    }
 
     #[test]
     fn a_partition_split_again_spreads_evenly_over_the_next_level() {

@@ -67,12 +67,12 @@ use futures::lock::Mutex as AsyncMutex;
 use futures::{StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, split_fanout, take_rows, HybridPartitions,
-    OneShotExec, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
+    level_seed, partition_stream, reserved_stream, split_fanout, HybridPartitions, OneShotExec,
+    Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{holder_cap, holds_memory, memory_holders, replace_each};
-use super::owned::owned_if_shared;
+use super::owned::{owned_if_shared, take_rows};
 use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
@@ -869,7 +869,8 @@ impl JoinRun {
                 // At least a row a piece, or the loop would not advance.
                 take = 1;
             }
-            let head = take_rows(&batch, (offset..offset + take).map(|i| i as u32).collect())?;
+            let rows: Vec<u32> = (offset as u32..(offset + take) as u32).collect();
+            let head = take_rows(&batch, &rows)?;
             match reservation.try_grow(build_cost(&head)) {
                 Ok(()) => piece.push(head),
                 Err(e) if piece.is_empty() => return Err(e),

@@ -10,10 +10,14 @@
 
 use std::sync::Arc;
 
-use arrow_array::builder::StringViewBuilder;
-use arrow_array::{make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray};
+use arrow_array::{
+    make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray, UInt32Array,
+};
 use arrow_data::transform::MutableArrayData;
+use datafusion::arrow::compute::take;
 use datafusion::common::Result as DfResult;
+
+use crate::views::gather_views;
 
 /// `batch` with every column copied into buffers of its own rows.
 pub(crate) fn owned_batch(batch: &RecordBatch) -> DfResult<RecordBatch> {
@@ -73,13 +77,22 @@ fn map_columns(
     batch: &RecordBatch,
     f: impl FnMut(&ArrayRef) -> DfResult<ArrayRef>,
 ) -> DfResult<RecordBatch> {
+    map_columns_to(batch, batch.num_rows(), f)
+}
+
+/// A batch of `rows` rows whose columns are `f` of `batch`'s.
+fn map_columns_to(
+    batch: &RecordBatch,
+    rows: usize,
+    f: impl FnMut(&ArrayRef) -> DfResult<ArrayRef>,
+) -> DfResult<RecordBatch> {
     let columns = batch
         .columns()
         .iter()
         .map(f)
         .collect::<DfResult<Vec<ArrayRef>>>()?;
     // A batch without columns (`count(*)` over a scan) still has its rows.
-    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
     Ok(RecordBatch::try_new_with_options(
         batch.schema(),
         columns,
@@ -93,13 +106,25 @@ fn map_columns(
 /// 1.2 MB). `None` for other arrays.
 fn compact_view(array: &ArrayRef) -> Option<ArrayRef> {
     let views = array.as_any().downcast_ref::<StringViewArray>()?;
-    let long = u32::try_from(views.total_buffer_bytes_used()).unwrap_or(u32::MAX);
-    let mut builder =
-        StringViewBuilder::with_capacity(views.len()).with_fixed_block_size(long.max(1));
-    for value in views.iter() {
-        builder.append_option(value);
-    }
-    Some(Arc::new(builder.finish()))
+    let rows: Vec<u32> = (0..views.len() as u32).collect();
+    Some(Arc::new(gather_views(views, &rows)?))
+}
+
+/// The rows `rows` of `batch`, owning their values: a view array's pieces would
+/// otherwise keep, and be sized and spilled as, all of its data buffers. Other
+/// columns are copied by `take`.
+pub(crate) fn take_rows(batch: &RecordBatch, rows: &[u32]) -> DfResult<RecordBatch> {
+    let mut indices = None;
+    map_columns_to(batch, rows.len(), |column| {
+        if let Some(views) = column.as_any().downcast_ref::<StringViewArray>() {
+            if let Some(gathered) = gather_views(views, rows) {
+                return Ok(Arc::new(gathered) as ArrayRef);
+            }
+        }
+        let indices = indices.get_or_insert_with(|| UInt32Array::from(rows.to_vec()));
+        let taken = take(column, indices, None)?;
+        Ok(compact_view(&taken).unwrap_or(taken))
+    })
 }
 
 fn owned_column(array: &ArrayRef) -> DfResult<ArrayRef> {
@@ -115,6 +140,7 @@ fn owned_column(array: &ArrayRef) -> DfResult<ArrayRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::builder::StringViewBuilder;
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::{DataType, Field, Schema};
 

@@ -18,10 +18,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow_array::{RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{
-    concat_batches, lexsort_to_indices, partition, take, take_record_batch, SortColumn,
-};
+use arrow_array::RecordBatch;
+use datafusion::arrow::compute::{concat_batches, lexsort_to_indices, partition, take, SortColumn};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result as DfResult, ScalarValue};
@@ -45,7 +43,7 @@ use datafusion::physical_plan::{
 use futures::{Stream, StreamExt};
 
 use super::operator::{only_child, replace_each, unordered_properties};
-use super::owned::compact_views;
+use super::owned::take_rows;
 
 /// Puts a [`RankFilterExec`] under the sort of each window whose rank a filter above
 /// bounds (see the module docs; a physical optimizer rule).
@@ -353,8 +351,7 @@ impl Ranker {
                 kept.extend((part.start + peer.start..part.start + end).map(|i| sorted.value(i)));
             }
         }
-        // Gathered string views would keep all the batch's strings alive.
-        compact_views(&take_record_batch(batch, &UInt32Array::from(kept))?)
+        take_rows(batch, &kept)
     }
 }
 

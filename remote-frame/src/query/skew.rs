@@ -27,7 +27,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 
-use super::grace::take_rows;
+use super::owned::take_rows;
 use crate::error::Error;
 
 /// Bytes a key in a hash set or map costs beyond its encoded row (the entry, the
@@ -97,7 +97,7 @@ impl DistinctKeys {
         Ok(match new.len() {
             0 => (None, bytes),
             n if n == batch.num_rows() => (Some(batch.clone()), bytes),
-            _ => (Some(take_rows(batch, new)?), bytes),
+            _ => (Some(take_rows(batch, &new)?), bytes),
         })
     }
 }

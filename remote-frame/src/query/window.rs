@@ -17,9 +17,9 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
-use datafusion::arrow::compute::{concat, concat_batches, take_record_batch};
+use datafusion::arrow::compute::{concat, concat_batches};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::utils::evaluate_partition_ranges;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
@@ -38,7 +38,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::operator::{replace_each, replace_wrapped_children};
-use super::owned::{compact_views, rows_bytes};
+use super::owned::{compact_views, rows_bytes, take_rows};
 
 /// The most a window reserves before its input runs.
 const WINDOW_FLOOR_CAP: usize = 32 << 20;
@@ -294,8 +294,8 @@ impl WindowRun {
                 ))
             })
         };
-        let idx = UInt32Array::from_iter_values(rows(last.start)?..rows(last.end)?);
-        self.tail = Some(compact_views(&take_record_batch(&batch, &idx)?)?);
+        let idx: Vec<u32> = (rows(last.start)?..rows(last.end)?).collect();
+        self.tail = Some(take_rows(&batch, &idx)?);
         self.keep_only_tail();
         Ok(())
     }
