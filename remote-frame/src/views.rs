@@ -62,16 +62,16 @@ pub(crate) fn gather_views(array: &StringViewArray, rows: &[u32]) -> Option<Stri
         } else if len <= INLINE_LEN {
             gathered.push(view);
         } else {
-            let mut long = ByteView::from(view);
-            let start = long.offset as usize;
+            let mut copied = ByteView::from(view);
+            let start = copied.offset as usize;
             let offset = data.len();
             data.extend_from_slice(
-                &buffers[long.buffer_index as usize][start..start + len as usize],
+                &buffers[copied.buffer_index as usize][start..start + len as usize],
             );
-            long.buffer_index = 0;
+            copied.buffer_index = 0;
             // At most `long`, which fits a u32 (checked above).
-            long.offset = offset as u32;
-            gathered.push(long.as_u128());
+            copied.offset = offset as u32;
+            gathered.push(copied.as_u128());
         }
     }
     let nulls = nulls.map(|n| NullBuffer::from_iter(rows.iter().map(|&r| n.is_valid(r as usize))));

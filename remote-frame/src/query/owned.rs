@@ -112,7 +112,7 @@ fn compact_view(array: &ArrayRef) -> Option<ArrayRef> {
 
 /// The rows `rows` of `batch`, owning their values: a view array's pieces would
 /// otherwise keep, and be sized and spilled as, all of its data buffers. Other
-/// columns are copied by `take`.
+/// columns (and strings too many for one buffer) are copied by `take`.
 pub(crate) fn take_rows(batch: &RecordBatch, rows: &[u32]) -> DfResult<RecordBatch> {
     let mut indices = None;
     map_columns_to(batch, rows.len(), |column| {
@@ -122,8 +122,7 @@ pub(crate) fn take_rows(batch: &RecordBatch, rows: &[u32]) -> DfResult<RecordBat
             }
         }
         let indices = indices.get_or_insert_with(|| UInt32Array::from(rows.to_vec()));
-        let taken = take(column, indices, None)?;
-        Ok(compact_view(&taken).unwrap_or(taken))
+        Ok(take(column, indices, None)?)
     })
 }
 
