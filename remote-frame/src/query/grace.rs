@@ -619,23 +619,49 @@ impl ProbeRouter {
 }
 
 /// A leaf that yields one prepared stream once: how a spilling operator hands rows it
-/// already read (or spilled) to the DataFusion operator it wraps.
+/// already read (or spilled) to the DataFusion operator it wraps. With several
+/// partitions, each partition's stream is put in its slot ([`OneShotExec::put`])
+/// before that partition is executed.
 pub(crate) struct OneShotExec {
-    stream: Mutex<Option<SendableRecordBatchStream>>,
+    streams: Mutex<Vec<Option<SendableRecordBatchStream>>>,
     properties: Arc<PlanProperties>,
 }
 
 impl OneShotExec {
     pub(crate) fn new(schema: SchemaRef, stream: SendableRecordBatchStream) -> Self {
+        let exec = OneShotExec::slots(schema, 1);
+        exec.lock()[0] = Some(stream);
+        exec
+    }
+
+    /// `partitions` empty slots, each filled by [`OneShotExec::put`].
+    pub(crate) fn slots(schema: SchemaRef, partitions: usize) -> Self {
         OneShotExec {
-            stream: Mutex::new(Some(stream)),
+            streams: Mutex::new((0..partitions).map(|_| None).collect()),
             properties: Arc::new(PlanProperties::new(
                 EquivalenceProperties::new(schema),
-                Partitioning::UnknownPartitioning(1),
+                Partitioning::UnknownPartitioning(partitions),
                 EmissionType::Incremental,
                 Boundedness::Bounded,
             )),
         }
+    }
+
+    /// Partition `partition`'s stream, for it to yield once.
+    pub(crate) fn put(&self, partition: usize, stream: SendableRecordBatchStream) -> DfResult<()> {
+        match self.lock().get_mut(partition) {
+            Some(slot @ None) => {
+                *slot = Some(stream);
+                Ok(())
+            }
+            _ => Err(DataFusionError::Internal(format!(
+                "OneShotExec: partition {partition} put twice, or no such partition"
+            ))),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<SendableRecordBatchStream>>> {
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -659,17 +685,12 @@ impl ExecutionPlan for OneShotExec {
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let taken = self
-            .stream
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match (partition, taken) {
-            (0, Some(s)) => Ok(s),
-            _ => Err(DataFusionError::Internal(format!(
-                "OneShotExec: partition {partition} asked for, or asked for twice"
-            ))),
-        }
+        let taken = self.lock().get_mut(partition).and_then(Option::take);
+        taken.ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "OneShotExec: partition {partition} asked for before it was put, or twice"
+            ))
+        })
     }
 }
 

@@ -31,6 +31,16 @@
 //!   probe partition fits, and if not the join fails with [`Error::Skew`] naming the
 //!   most frequent build key.
 //!
+//! A join that collects its build side once for all its partitions (one estimated
+//! small, over several partitions) reads it once, in whichever partition asks
+//! first ([`SharedBuild`]): held whole if it fits half the budget, and then
+//! DataFusion's join probes it from every partition; if not, it is a hybrid hash
+//! join whose partitions in memory every partition probes, each partition routing
+//! its probe rows of the spilled ones to files of its own and joining them with the
+//! shared build files. Such a join is collected only where no build row's output
+//! depends on the other partitions' probe rows (not left, full, left semi, left anti
+//! or left mark joins, which are partitioned by key instead).
+//!
 //! Join semantics (every join type, filters, projections) stay DataFusion's: every
 //! key lands in exactly one partition, which is all an equi-join needs. Null-aware
 //! anti joins (`NOT IN`) depend on the whole build side and are left unwrapped.
@@ -38,7 +48,7 @@
 //! [`Error::Skew`]: crate::Error::Skew
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use arrow_array::RecordBatch;
 use arrow_schema::DataType;
@@ -57,18 +67,20 @@ use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
 };
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
-    SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    ReplaceChildrenOptions, SendableRecordBatchStream,
 };
+use futures::future::{BoxFuture, Shared};
 use futures::lock::Mutex as AsyncMutex;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use super::grace::{
     level_seed, partition_stream, reserved_stream, split_fanout, HybridPartitions, OneShotExec,
-    Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
+    PartitionedBuild, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{holder_cap, holds_memory, memory_holders, replace_each};
@@ -89,14 +101,27 @@ impl PhysicalOptimizerRule for SpillingJoins {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let sole = memory_holders(plan.as_ref()) == 1;
         replace_each(plan, |join: &HashJoinExec| {
-            if join.null_aware || !wrappable(join) {
+            if join.null_aware {
                 return Ok(None);
             }
+            let copy =
+                if collects_for_partitions(join) && keeps_unmatched_build_rows(*join.join_type()) {
+                    by_key_partitions(join)?
+                } else {
+                    join.builder().reset_state().build()?
+                };
+            let Some(shared) = wrappable(&copy) else {
+                return Ok(None);
+            };
             // The wrapped join may see only some partitions of the build side, or
             // swapped roles: the wrapper publishes the probe keys' bounds itself.
-            let copy = join.builder().reset_state().build()?;
             let mut wrapped = SpillingHashJoinExec::new(Arc::new(copy), sole);
-            wrapped.key_filter = JoinKeyFilter::of(join, wrapped.ways).map(Arc::new);
+            let mut reporters = wrapped.ways;
+            if shared {
+                wrapped.shared = Some(Arc::new(SharedBuild::new(wrapped.ways)));
+                reporters = 1;
+            }
+            wrapped.key_filter = JoinKeyFilter::of(join, reporters).map(Arc::new);
             Ok(Some(Arc::new(wrapped) as _))
         })
     }
@@ -110,19 +135,80 @@ impl PhysicalOptimizerRule for SpillingJoins {
     }
 }
 
-fn wrappable(join: &HashJoinExec) -> bool {
+/// Whether `join` collects its build side once for several output partitions.
+fn collects_for_partitions(join: &HashJoinExec) -> bool {
+    *join.partition_mode() == PartitionMode::CollectLeft
+        && join.left().properties().partitioning.partition_count() == 1
+        && join.properties().partitioning.partition_count() > 1
+}
+
+/// A collecting join over several partitions as a join partitioned by its keys:
+/// both inputs repartitioned by key hash, each partition joining its own. So that
+/// it can spill where its output depends on the build rows no partition matched
+/// (see [`wrappable`]): such a join collected was DataFusion's, which holds its
+/// whole build side or fails (q75 at 25 MiB: three left joins' sales sides held at
+/// once, estimated small).
+fn by_key_partitions(join: &HashJoinExec) -> DfResult<HashJoinExec> {
+    let partitions = join.properties().partitioning.partition_count();
+    let by_keys = |input: &Arc<dyn ExecutionPlan>, keys: Vec<Arc<dyn PhysicalExpr>>| {
+        RepartitionExec::try_new(input.clone(), Partitioning::Hash(keys, partitions))
+            .map(|r| Arc::new(r) as Arc<dyn ExecutionPlan>)
+    };
+    let left = by_keys(
+        join.left(),
+        join.on().iter().map(|(l, _)| l.clone()).collect(),
+    )?;
+    let right = by_keys(
+        join.right(),
+        join.on().iter().map(|(_, r)| r.clone()).collect(),
+    )?;
+    join.builder()
+        .with_new_children(vec![left, right])?
+        .with_partition_mode(PartitionMode::Partitioned)
+        .reset_state()
+        .recompute_properties()
+        .build()
+}
+
+/// Whether `join` is wrapped (`Some`), and if so whether its build side is read
+/// once for all its partitions (`Some(true)`).
+fn wrappable(join: &HashJoinExec) -> Option<bool> {
     match join.partition_mode() {
-        PartitionMode::Partitioned => true,
-        // One output partition only: DataFusion's own join collects the build side
-        // once for all its output partitions, ours would read (and hold) it once per
-        // partition. With several partitions only build sides estimated small are
-        // collected (see `COLLECTED_BUILD_DIVISOR`); the others are partitioned.
+        PartitionMode::Partitioned => Some(false),
+        // DataFusion's own join collects the build side once for all its output
+        // partitions; so does ours ([`SharedBuild`]), where the output does not
+        // depend on which build rows no partition matched: a build row unmatched
+        // in one partition's probe rows may be matched in another's, and spilled
+        // partitions are joined by every partition apart. Such joins come here
+        // partitioned ([`by_key_partitions`]). With several partitions only build
+        // sides estimated small are collected (see `collected_build_threshold`); the
+        // others are partitioned.
         PartitionMode::CollectLeft => {
-            join.left().properties().partitioning.partition_count() == 1
-                && join.properties().partitioning.partition_count() == 1
+            if join.left().properties().partitioning.partition_count() != 1 {
+                return None;
+            }
+            let partitions = join.properties().partitioning.partition_count();
+            if partitions == 1 {
+                Some(false)
+            } else {
+                (!keeps_unmatched_build_rows(*join.join_type())).then_some(true)
+            }
         }
-        PartitionMode::Auto => false,
+        PartitionMode::Auto => None,
     }
+}
+
+/// Whether a join's output depends on which build rows were never matched (the
+/// left side is the build side).
+fn keeps_unmatched_build_rows(join_type: JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Left
+            | JoinType::Full
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
+    )
 }
 
 /// See the module docs.
@@ -149,6 +235,9 @@ pub(crate) struct SpillingHashJoinExec {
     /// which makes its own): a nested join is no node of the plan, and its metrics
     /// would not be seen.
     skew: Option<SkewMetrics>,
+    /// The build side read once for all partitions (a collecting join over several
+    /// partitions, at level 0).
+    shared: Option<Arc<SharedBuild>>,
 }
 
 /// Counters of the skewed partitions' joins.
@@ -199,6 +288,7 @@ impl SpillingHashJoinExec {
             key_filter: None,
             path,
             skew,
+            shared: None,
         }
     }
 }
@@ -256,6 +346,10 @@ impl ExecutionPlan for SpillingHashJoinExec {
         };
         replaced.key_filter = self.key_filter.clone();
         replaced.fanout = self.fanout;
+        replaced.shared = self
+            .shared
+            .as_ref()
+            .map(|s| Arc::new(SharedBuild::new(s.partitions)));
         Ok(Arc::new(replaced))
     }
 
@@ -288,6 +382,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
                 .skew
                 .clone()
                 .unwrap_or_else(|| SkewMetrics::new(&self.metrics, partition)),
+            shared: self.shared.clone(),
         };
         let schema = self.join.schema();
         let stream = futures::stream::once(run.start()).try_flatten();
@@ -296,6 +391,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
 }
 
 /// One partition's execution.
+#[derive(Clone)]
 struct JoinRun {
     join: Arc<HashJoinExec>,
     level: u32,
@@ -310,6 +406,97 @@ struct JoinRun {
     key_filter: Option<Arc<JoinKeyFilter>>,
     path: String,
     skew: SkewMetrics,
+    shared: Option<Arc<SharedBuild>>,
+}
+
+/// The build side of a collecting join over several partitions, read once by
+/// whichever partition asks first and shared by all (DataFusion's own join collects
+/// it so, but holds it whole or fails). See [`JoinRun::collect_shared`].
+pub(crate) struct SharedBuild {
+    read: std::sync::Mutex<Option<SharedRead>>,
+    /// The join's partitions, and how many are done with the build side.
+    partitions: usize,
+    done: std::sync::atomic::AtomicUsize,
+}
+
+type SharedRead = Shared<BoxFuture<'static, Result<Arc<CollectedBuild>, Arc<DataFusionError>>>>;
+
+impl SharedBuild {
+    fn new(partitions: usize) -> Self {
+        SharedBuild {
+            read: std::sync::Mutex::new(None),
+            partitions,
+            done: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The build side, read by `run` if no partition started reading it yet.
+    async fn collected(&self, run: &JoinRun) -> DfResult<Arc<CollectedBuild>> {
+        let read = {
+            let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+            read.get_or_insert_with(|| {
+                let run = run.clone();
+                async move { run.collect_shared().await.map(Arc::new).map_err(Arc::new) }
+                    .boxed()
+                    .shared()
+            })
+            .clone()
+        };
+        read.await.map_err(DataFusionError::Shared)
+    }
+}
+
+impl fmt::Debug for SharedBuild {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedBuild")
+            .field("partitions", &self.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A partition's hold on a [`SharedBuild`]: the last partition done with it lets
+/// it go (the plan would keep it, and its memory, until it is dropped).
+struct SharedBuildLease(Arc<SharedBuild>);
+
+impl Drop for SharedBuildLease {
+    fn drop(&mut self) {
+        let build = &self.0;
+        let done = build.done.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        if done >= build.partitions {
+            build
+                .read
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+        }
+    }
+}
+
+/// A shared build side once read: DataFusion's join over its rows in memory (all
+/// of them, or the partitions not spilled), which every partition probes with
+/// its rows of those partitions, and the spilled partitions' files.
+struct CollectedBuild {
+    join: Arc<HashJoinExec>,
+    /// The join's probe side: each partition puts its stream in before executing.
+    probes: Arc<OneShotExec>,
+    /// The context lending the rows' memory to the join's table.
+    context: Arc<TaskContext>,
+    /// Which partitions of the build side were spilled (empty: none).
+    spilled: Vec<bool>,
+    files: Vec<Option<Arc<dyn SpillFile>>>,
+    build_spill: Arc<SpillManager>,
+}
+
+impl CollectedBuild {
+    /// Partition `partition` of the join in memory, probed by `probe`.
+    fn probe(
+        &self,
+        partition: usize,
+        probe: SendableRecordBatchStream,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.probes.put(partition, probe)?;
+        self.join.execute(partition, self.context.clone())
+    }
 }
 
 /// Rows read from one input before deciding how to join: the batches held under
@@ -403,6 +590,9 @@ impl JoinRun {
     }
 
     async fn start(self) -> DfResult<SendableRecordBatchStream> {
+        if let Some(shared) = self.shared.clone() {
+            return self.start_shared(shared).await;
+        }
         let left_partition = match self.join.partition_mode() {
             PartitionMode::CollectLeft => 0,
             _ => self.partition,
@@ -462,51 +652,14 @@ impl JoinRun {
         // partitions, as many kept in memory as fit and the rest spilled; the probe
         // side's rows of partitions in memory are joined at once, the others spilled
         // by partition and joined partition by partition afterwards.
-        let seed = level_seed(self.level);
-        let left_keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
-        let right_keys: Vec<_> = self.join.on().iter().map(|(_, r)| r.clone()).collect();
-        let left_spill = Arc::new(SpillManager::new(
-            self.context.runtime_env(),
-            SpillMetrics::new(&self.metrics, self.partition),
-            left_schema.clone(),
-        ));
-        let right_spill = Arc::new(SpillManager::new(
-            self.context.runtime_env(),
-            SpillMetrics::new(&self.metrics, self.partition),
-            right_schema.clone(),
-        ));
-        let mut partitions = HybridPartitions::new(
-            Partitioner::new(left_keys, seed, self.fanout),
-            left_spill.clone(),
-            "hash join build",
-            self.consumer("build partitions"),
-            if probe_holds_memory {
-                0
-            } else {
-                self.build_cap()
-            },
-            // The rows alone: the table built on the partitions kept is reserved
-            // once they are known (`table_bytes`). The pieces own their buffers.
-            |batch| batch.get_array_memory_size(),
-        );
-        // The rows read so far are handed to the partitions one by one, each giving
-        // its share back as it goes, so nothing is counted twice.
-        let mut rows = build.chain(left_schema.clone(), left);
-        let mut bounds = self.key_filter.as_ref().map(|f| f.bounds());
-        while let Some(batch) = rows.next().await {
-            let batch = batch?;
-            if let Some(b) = &mut bounds {
-                b.add(&batch)?;
-            }
-            partitions.push(&batch)?;
-        }
-        drop(rows);
-        let build = partitions.finish_with_state(|held| self.table_bytes(held))?;
-        if let Some(f) = &self.key_filter {
-            f.report(bounds)?;
-        }
+        let rows = build.chain(left_schema.clone(), left);
+        let cap = if probe_holds_memory {
+            0
+        } else {
+            self.build_cap()
+        };
+        let (build, left_spill) = self.partition_build(rows, cap).await?;
         let spilled = build.spilled.iter().filter(|&&s| s).count();
-        self.spilled_partitions.add(spilled);
         let right = match probe {
             Some(probe) => probe.chain(right_schema.clone(), right),
             None => right,
@@ -522,10 +675,187 @@ impl JoinRun {
             // Every partition stayed in memory: the probe side needs no routing.
             return self.inner_join(held, OneShotExec::new(right_schema, right));
         }
+        self.join_routed(
+            right,
+            build.spilled,
+            build.files,
+            left_spill,
+            |run, held_probe| run.inner_join(held, OneShotExec::new(right_schema, held_probe)),
+        )
+    }
+
+    /// A partition of a join whose build side is read once for all partitions
+    /// ([`SharedBuild`]): probes it in memory, or, if it was spilled, routes this
+    /// partition's probe rows to files by the build side's partitions and joins
+    /// each spilled partition from its files.
+    async fn start_shared(self, shared: Arc<SharedBuild>) -> DfResult<SendableRecordBatchStream> {
+        let lease = SharedBuildLease(shared.clone());
+        let collected = shared.collected(&self).await?;
+        let right = self
+            .join
+            .right()
+            .execute(self.partition, self.context.clone())?;
+        let partition = self.partition;
+        let joined = if collected.spilled.contains(&true) {
+            let in_memory = collected.clone();
+            self.join_routed(
+                right,
+                collected.spilled.clone(),
+                collected.files.clone(),
+                collected.build_spill.clone(),
+                move |_, held_probe| in_memory.probe(partition, held_probe),
+            )?
+        } else {
+            collected.probe(partition, right)?
+        };
+        // The plan lets the build side go once every partition's output is done
+        // (the streams hold what they read meanwhile).
+        let schema = joined.schema();
+        let joined = joined.map(move |batch| {
+            let _ = &lease;
+            batch
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, joined)))
+    }
+
+    /// Reads the build side once for every partition: held whole if it fits half
+    /// the budget, else split by key hash, as many partitions kept in memory as fit
+    /// and the rest spilled.
+    async fn collect_shared(self) -> DfResult<CollectedBuild> {
+        let left_schema = self.join.left().schema();
+        let mut left = self.join.left().execute(0, self.context.clone())?;
+        let budget = match self.context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes,
+            _ => usize::MAX,
+        };
+        let build = Prefix::read(&mut left, self.consumer("shared build"), budget / 2).await?;
+        let (held, spilled, files, build_spill) = if build.overflow.is_none() {
+            if let Some(f) = &self.key_filter {
+                f.report(Some(f.bounds_of(&build.held)?))?;
+            }
+            let spill = Arc::new(SpillManager::new(
+                self.context.runtime_env(),
+                SpillMetrics::new(&self.metrics, self.partition),
+                left_schema.clone(),
+            ));
+            (
+                build.into_build(left_schema.clone()),
+                Vec::new(),
+                Vec::new(),
+                spill,
+            )
+        } else {
+            // Estimated small enough to collect but not (or no room for it now): a
+            // hybrid join, whose partitions in memory every partition probes. Kept
+            // within half the budget, the other half for the spilled partitions'
+            // joins; none kept if the probe side holds memory (see `start`).
+            let rows = build.chain(left_schema.clone(), left);
+            let cap = if holds_memory(self.join.right().as_ref()) {
+                0
+            } else {
+                holder_cap(budget, false)
+            };
+            let (build, spill) = self.partition_build(rows, cap).await?;
+            let held = HeldBuild {
+                schema: left_schema.clone(),
+                batches: build.held,
+                reservation: build.reservation,
+            };
+            (held, build.spilled, build.files, spill)
+        };
+        let (rows, context) = held.lend(&self.context)?;
+        let partitions = self.join.properties().partitioning.partition_count();
+        let probes = Arc::new(OneShotExec::slots(self.join.right().schema(), partitions));
+        let join = self
+            .join
+            .builder()
+            .with_new_children(vec![Arc::new(rows), probes.clone()])?
+            .with_partition_mode(PartitionMode::CollectLeft)
+            .reset_state()
+            .recompute_properties()
+            .build()?;
+        Ok(CollectedBuild {
+            join: Arc::new(join),
+            probes,
+            context,
+            spilled,
+            files,
+            build_spill,
+        })
+    }
+
+    /// Splits the build side `rows` by key hash into [`JoinRun::fanout`]
+    /// partitions, as many kept in memory as fit `cap` bytes and the rest spilled
+    /// through the returned spill manager, and reports the keys' bounds.
+    async fn partition_build(
+        &self,
+        mut rows: SendableRecordBatchStream,
+        cap: usize,
+    ) -> DfResult<(PartitionedBuild, Arc<SpillManager>)> {
+        let left_keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
+        let left_spill = Arc::new(SpillManager::new(
+            self.context.runtime_env(),
+            SpillMetrics::new(&self.metrics, self.partition),
+            self.join.left().schema(),
+        ));
+        let mut partitions = HybridPartitions::new(
+            Partitioner::new(left_keys, level_seed(self.level), self.fanout),
+            left_spill.clone(),
+            "hash join build",
+            self.consumer("build partitions"),
+            cap,
+            // The rows alone: the table built on the partitions kept is reserved
+            // once they are known (`table_bytes`). The pieces own their buffers.
+            |batch| batch.get_array_memory_size(),
+        );
+        // The rows read so far (see `Prefix::chain`) are handed to the partitions
+        // one by one, each giving its share back as it goes, so nothing is counted
+        // twice.
+        let mut bounds = self.key_filter.as_ref().map(|f| f.bounds());
+        while let Some(batch) = rows.next().await {
+            let batch = batch?;
+            if let Some(b) = &mut bounds {
+                b.add(&batch)?;
+            }
+            partitions.push(&batch)?;
+        }
+        drop(rows);
+        let build = partitions.finish_with_state(|held| self.table_bytes(held))?;
+        if let Some(f) = &self.key_filter {
+            f.report(bounds)?;
+        }
+        self.spilled_partitions
+            .add(build.spilled.iter().filter(|&&s| s).count());
+        Ok((build, left_spill))
+    }
+
+    /// Joins probe side `right` with a build side split by key hash, the partitions
+    /// marked in `spilled` in `build_files` and the others in memory: probe rows of
+    /// partitions in memory go through `joined_in_memory`, those of spilled ones to a
+    /// file per partition, and each spilled partition is then joined from its two
+    /// files.
+    fn join_routed(
+        self,
+        right: SendableRecordBatchStream,
+        spilled: Vec<bool>,
+        build_files: Vec<Option<Arc<dyn SpillFile>>>,
+        left_spill: Arc<SpillManager>,
+        joined_in_memory: impl FnOnce(
+            &Self,
+            SendableRecordBatchStream,
+        ) -> DfResult<SendableRecordBatchStream>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let right_schema = self.join.right().schema();
+        let right_keys: Vec<_> = self.join.on().iter().map(|(_, r)| r.clone()).collect();
+        let right_spill = Arc::new(SpillManager::new(
+            self.context.runtime_env(),
+            SpillMetrics::new(&self.metrics, self.partition),
+            right_schema.clone(),
+        ));
         let router = Arc::new(AsyncMutex::new(ProbeRouter::new(
             right,
-            Partitioner::new(right_keys, seed, self.fanout),
-            build.spilled,
+            Partitioner::new(right_keys, level_seed(self.level), self.fanout),
+            spilled,
             right_spill.clone(),
             "hash join probe",
         )));
@@ -539,9 +869,7 @@ impl JoinRun {
             right_schema.clone(),
             held_probe,
         ));
-        let joined_in_memory =
-            self.inner_join(held, OneShotExec::new(right_schema.clone(), held_probe))?;
-        let build_files = build.files;
+        let joined_in_memory = joined_in_memory(&self, held_probe)?;
         let batch_rows = self.context.session_config().batch_size();
         let schema = self.join.schema();
         let fetch = self.join.fetch();
@@ -1673,5 +2001,137 @@ mod tests {
         assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
         // The session still answers.
         assert_eq!(session.sql("SELECT count(*) FROM s").unwrap().rows(), 1);
+    }
+
+    /// A session over two partitions whose joins all collect their build sides.
+    fn collecting_session(
+        env: &FrameEnv,
+        frames: &[(&str, RemoteFrame)],
+        budget: Option<u64>,
+    ) -> QuerySession {
+        let env = env.with_budget(Budget::from_limit(budget).unwrap());
+        let session = QuerySession::with_partitions(&env, 2).unwrap();
+        let state = session.ctx.state_ref();
+        let mut state = state.write();
+        let optimizer = &mut state.config_mut().options_mut().optimizer;
+        optimizer.hash_join_single_partition_threshold = usize::MAX;
+        optimizer.hash_join_single_partition_threshold_rows = usize::MAX;
+        drop(state);
+        for (name, frame) in frames {
+            session.register(name, frame).unwrap();
+        }
+        session
+    }
+
+    /// Runs `sql` over two partitions with every build side collected, unbudgeted
+    /// and at `budget`; checks that the join read its build side once for both
+    /// partitions, the answers are the same rows, the peak is within the budget and
+    /// nothing is left allocated.
+    fn collected_as_unbudgeted(budget: u64, sql: &str) -> QueryOutput {
+        let (env, frames) = env_and_frames();
+        let want = collecting_session(&env, &frames, None).sql(sql).unwrap();
+        let session = collecting_session(&env, &frames, Some(budget));
+        let plan = session.explain(sql).unwrap();
+        assert!(
+            plan.contains("SpillingHashJoinExec: level=0, wraps HashJoinExec: mode=CollectLeft"),
+            "{plan}"
+        );
+        let got = session
+            .sql(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}\n{plan}"));
+        let text = got.explain_analyze();
+        assert!(
+            row_multiset(got.batches()) == row_multiset(want.batches()),
+            "{sql}: answers differ\n{text}"
+        );
+        assert!(got.stats().peak_local_bytes <= budget, "{text}");
+        assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        got
+    }
+
+    #[test]
+    fn a_build_side_collected_for_all_partitions_is_read_once_and_kept_if_it_fits() {
+        // Small's rows cost 2 x 400 KB built: within half of 4 MiB.
+        let out = collected_as_unbudgeted(4 << 20, SQL);
+        assert_eq!(out.rows(), ROWS as usize / 4);
+        assert_eq!(out.stats().spill_files, 0, "{}", out.explain_analyze());
+        assert_eq!(join_metric(&out, "spilled_partitions"), 0);
+    }
+
+    #[test]
+    fn a_collected_build_side_too_large_to_share_is_partly_spilled_and_joined_by_each_partition() {
+        // Big's rows cost 2 x 960 KB built, more than half of 1.5 MiB: the build side
+        // is split by key hash, partitions kept in memory within half the budget
+        // and the others spilled, and each partition joins its probe rows of the
+        // spilled ones partition by partition.
+        let sql = "SELECT a.b_key, a.b_val, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
+        let out = collected_as_unbudgeted(1536 << 10, sql);
+        assert_eq!(out.rows(), ROWS as usize);
+        let text = out.explain_analyze();
+        let spilled = join_metric(&out, "spilled_partitions");
+        assert!(spilled > 0 && spilled < JOIN_FANOUT, "{spilled}\n{text}");
+        // A spilled partition's build rows once, and each partition's probe rows.
+        assert_eq!(out.stats().spill_files, 3 * spilled as u64, "{text}");
+    }
+
+    #[test]
+    fn a_shared_build_dropped_midway_frees_its_spill_files_and_memory() {
+        let sql = "SELECT a.b_key, a.b_val, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
+        let (env, frames) = env_and_frames();
+        let session = collecting_session(&env, &frames, Some(1536 << 10));
+        let (_, plan) = session.plan(sql).unwrap();
+        let task = session.ctx.task_ctx();
+        let mut first = plan.execute(0, task.clone()).unwrap();
+        let second = plan.execute(1, task).unwrap();
+        let batch = session.runtime.block_on(first.next()).unwrap().unwrap();
+        assert!(batch.num_rows() > 0);
+        // The build side is split by now, some partitions in memory elements.
+        assert!(session.spill_bytes_held() > 0);
+        drop((first, second, plan));
+        session.await_spill_release();
+        assert_eq!(session.spill_bytes_held(), 0, "spill files left behind");
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+    }
+
+    #[test]
+    fn a_join_keeping_unmatched_build_rows_is_partitioned_instead_of_collected() {
+        // Small is built and its rows are all output: over two partitions a row
+        // unmatched in one partition's probe rows may be matched in the other's.
+        let sql = "SELECT s.s_key, s.s_val, b.b_val FROM small s \
+                   LEFT JOIN (SELECT * FROM big WHERE b_val < 500) b ON s.s_key = b.b_key";
+        let (env, frames) = env_and_frames();
+        let want = collecting_session(&env, &frames, None).sql(sql).unwrap();
+        assert_eq!(want.rows(), ROWS as usize / 4);
+        let session = collecting_session(&env, &frames, Some(1536 << 10));
+        let plan = session.explain(sql).unwrap();
+        assert!(
+            plan.contains("wraps HashJoinExec: mode=Partitioned, join_type=Left"),
+            "{plan}"
+        );
+        let got = session.sql(sql).unwrap();
+        assert!(row_multiset(got.batches()) == row_multiset(want.batches()));
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+    }
+
+    #[test]
+    fn a_probe_preserving_join_over_a_spilled_shared_build_keeps_every_probe_row() {
+        // `a` is wider, so `b` is built and the left join runs as a right join with
+        // `a` probing: b_pad = 3i matches a key for a third of the rows.
+        let sql = "SELECT a.b_key, a.x, b.b_val FROM (SELECT *, b_pad + 1 AS x FROM big) a \
+                   LEFT JOIN big b ON a.b_pad = b.b_key";
+        let out = collected_as_unbudgeted(1536 << 10, sql);
+        assert!(
+            out.explain_analyze()
+                .contains("mode=CollectLeft, join_type=Right"),
+            "{}",
+            out.explain_analyze()
+        );
+        assert_eq!(out.rows(), ROWS as usize);
+        assert!(
+            join_metric(&out, "spilled_partitions") > 0,
+            "{}",
+            out.explain_analyze()
+        );
     }
 }

@@ -370,12 +370,11 @@ impl QuerySession {
             optimizer.repartition_windows = false;
             if partitions > 1 {
                 // A join collects its build side for all partitions only when that is
-                // estimated small for the budget: such a join is DataFusion's, which
-                // cannot spill, and a query of many joins (q4's seventeen) holds all
-                // their build sides at once. The others are partitioned by their keys
-                // and spill. Rows alone do not say how large a build side is.
+                // estimated small (see `collected_build_threshold`); the others are
+                // partitioned by their keys. Rows alone do not say how large a build
+                // side is.
                 optimizer.hash_join_single_partition_threshold =
-                    usize::try_from(limit / COLLECTED_BUILD_DIVISOR).unwrap_or(usize::MAX);
+                    usize::try_from(collected_build_threshold(limit)).unwrap_or(usize::MAX);
                 optimizer.hash_join_single_partition_threshold_rows = 0;
             }
         }
@@ -844,21 +843,31 @@ const MERGE_FAN_IN: usize = 8;
 /// How long a query's end waits for cancelled tasks to free their spill files.
 const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
-/// Budget per partition: a query runs as at most budget / 96 MiB partitions (one
-/// below 192 MiB). Every partition multiplies the operators that hold memory at once
-/// (each sort, aggregate and join build side) within one budget. Over two partitions
-/// the SF 1 main job (194 MiB) ran in 9.3 to 10 s instead of 13.8 s, all 99 equal;
-/// at 128 MiB all 99 passed too, at 96 MiB q4 and q36 failed (build sides estimated
-/// small held at once), at 25 MiB ten queries failed.
-const PARTITION_BUDGET: u64 = 96 << 20;
+/// Budget per partition: a query runs as at most budget / 12 MiB partitions (one
+/// below 24 MiB), up to the cores. Every partition multiplies the operators that
+/// hold memory at once (each sort, aggregate and join build side) within one
+/// budget. Over two partitions the SF 1 main job (194 MiB) ran in 9.3 to 10 s
+/// instead of 13.8 s, all 99 equal. This was 96 MiB while a build side collected
+/// for all partitions was DataFusion's join, which holds it whole or fails (at
+/// 25 MiB over two partitions q36 and q75 failed so); collected by a
+/// [`join::SharedBuild`], which spills what does not fit, the 25 MiB main job runs
+/// all 99 over two partitions, in about a sixth less time than over one.
+const PARTITION_BUDGET: u64 = 12 << 20;
 
 /// With several partitions, a join whose build side is estimated at most this
-/// fraction of the budget collects it once for all partitions (DataFusion's join,
-/// which cannot spill); larger ones are partitioned and spill. Every build side
+/// many bytes of the budget `limit` collects it once for all partitions (a
+/// [`join::SharedBuild`]); larger ones are partitioned by key: an eighth of the
+/// budget, and at most 3 MiB. A collected build side is read and hashed by one
+/// thread, a partitioned one by every partition, so large ones are partitioned
+/// (all up to an eighth of the SF 1 main job's 194 MiB collected made it 5 to 10 %
+/// slower: q67, q23). Under a small budget a partitioned join costs more: its
+/// inputs are repartitioned, and the repartitions spill (a 64th of 25 MiB
+/// partitioned the customers of q24 and q78's aggregates). Every build side
 /// partitioned made the main job a third slower (8.8 s -> 11.8 s over two
-/// partitions); DataFusion's own threshold (1 MB or 128 k rows, by estimates) let q4
-/// hold five build sides of 13 to 24 MB at once and fail at 128 MiB.
-const COLLECTED_BUILD_DIVISOR: u64 = 64;
+/// partitions).
+fn collected_build_threshold(limit: u64) -> u64 {
+    (limit / 8).min(3 << 20)
+}
 
 fn partitions(budget: Budget, threads: usize) -> usize {
     let Some(limit) = budget.limit() else {
@@ -1019,7 +1028,7 @@ mod tests {
     use datafusion::common::DataFusionError;
 
     use super::test_env::local_env;
-    use super::{partitions, query_error, QuerySession};
+    use super::{collected_build_threshold, partitions, query_error, QuerySession};
     use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::error::{Error, NameKind};
@@ -1115,21 +1124,29 @@ mod tests {
     }
 
     #[test]
-    fn a_budget_runs_one_partition_per_96_mib_up_to_the_cores() {
+    fn a_budget_runs_one_partition_per_12_mib_up_to_the_cores() {
         let mib = |m: u64| Budget::bytes(m << 20).unwrap();
         assert_eq!(partitions(Budget::Unlimited, 2), 2);
-        assert_eq!(partitions(mib(25), 2), 1);
-        assert_eq!(partitions(mib(191), 2), 1);
-        // The SF 1 main job's budget (25 % of store_sales).
+        assert_eq!(partitions(mib(23), 2), 1);
+        // The benchmark's budget, and the SF 1 main job's (25 % of store_sales).
+        assert_eq!(partitions(mib(25), 2), 2);
         assert_eq!(partitions(mib(194), 2), 2);
-        assert_eq!(partitions(mib(300), 8), 3);
+        assert_eq!(partitions(mib(36), 8), 3);
         assert_eq!(partitions(mib(4096), 8), 8);
     }
 
     #[test]
+    fn build_sides_are_collected_up_to_an_eighth_of_the_budget_and_3_mib() {
+        let mib = |m: u64| m << 20;
+        assert_eq!(collected_build_threshold(mib(8)), mib(1));
+        assert_eq!(collected_build_threshold(mib(24)), mib(3));
+        assert_eq!(collected_build_threshold(mib(194)), mib(3));
+    }
+
+    #[test]
     fn over_several_partitions_only_small_build_sides_are_collected() {
-        // A build side collected for all partitions is DataFusion's join, which cannot
-        // spill: under a budget only one estimated below a 64th of it is collected.
+        // A build side collected for all partitions is read and hashed by one thread:
+        // under a budget only one estimated below an eighth of it is collected.
         let env = local_env(1, 64 << 20);
         let rows = 40_000i64;
         let big = |name: &str| {
@@ -1160,8 +1177,8 @@ mod tests {
             plain.iter().all(|l| l.contains("mode=CollectLeft")),
             "{plain:?}"
         );
-        // 8 MiB: a 64th is 128 KiB; the two large inputs are joined partitioned.
-        let budgeted = session(&env.with_budget(Budget::bytes(8 << 20).unwrap()));
+        // 4 MiB: an eighth is 512 KiB; the two large inputs are joined partitioned.
+        let budgeted = session(&env.with_budget(Budget::bytes(4 << 20).unwrap()));
         let limited = plan_lines(&budgeted, sql, "HashJoinExec: mode=");
         assert!(
             limited

@@ -119,8 +119,8 @@ struct Args {
     /// Print each query's physical plan (EXPLAIN) instead of running it.
     #[arg(long)]
     explain: bool,
-    /// Partitions every query runs in (default: the session's choice, one per 96 MiB
-    /// of budget, so one below 192 MiB, at most one per core).
+    /// Partitions every query runs in (default: the session's choice, one per 12 MiB
+    /// of budget, so one below 24 MiB, at most one per core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     partitions: Option<u16>,
     /// Run each query and print its physical plan with every operator's metrics
