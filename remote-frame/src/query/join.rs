@@ -83,7 +83,7 @@ use super::grace::{
     PartitionedBuild, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
-use super::operator::{holder_cap, holds_memory, memory_holders, replace_each};
+use super::operator::{holder_cap, holds_memory, memory_holders, memory_holders_but, replace_each};
 use super::owned::{owned_if_shared, take_rows};
 use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
@@ -133,6 +133,16 @@ impl PhysicalOptimizerRule for SpillingJoins {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Whether an operator of a probe side other than a spilling join holds memory. A
+/// spilling join below reads its own build side only once probing starts, and
+/// spills what finds no room; a final aggregate, sort or window below needs room
+/// then that build rows kept here would take.
+fn probe_holds_memory_besides_joins(probe: &dyn ExecutionPlan) -> bool {
+    memory_holders_but(probe, &|p| {
+        p.downcast_ref::<SpillingHashJoinExec>().is_some()
+    }) > 0
 }
 
 /// Whether `join` collects its build side once for several output partitions.
@@ -750,7 +760,7 @@ impl JoinRun {
             // within half the budget, the other half for the spilled partitions'
             // joins; none kept if the probe side holds memory (see `start`).
             let rows = build.chain(left_schema.clone(), left);
-            let cap = if holds_memory(self.join.right().as_ref()) {
+            let cap = if probe_holds_memory_besides_joins(self.join.right().as_ref()) {
                 0
             } else {
                 holder_cap(budget, false)

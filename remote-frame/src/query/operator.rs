@@ -86,11 +86,19 @@ pub(crate) fn holds_memory(plan: &dyn ExecutionPlan) -> bool {
 
 /// How many operators of `plan` hold memory (see [`holds_memory_itself`]).
 pub(crate) fn memory_holders(plan: &dyn ExecutionPlan) -> usize {
-    usize::from(holds_memory_itself(plan))
+    memory_holders_but(plan, &|_| false)
+}
+
+/// How many operators of `plan` hold memory, not counting those `skip` picks.
+pub(crate) fn memory_holders_but(
+    plan: &dyn ExecutionPlan,
+    skip: &dyn Fn(&dyn ExecutionPlan) -> bool,
+) -> usize {
+    usize::from(holds_memory_itself(plan) && !skip(plan))
         + plan
             .children()
             .into_iter()
-            .map(|c| memory_holders(c.as_ref()))
+            .map(|c| memory_holders_but(c.as_ref(), skip))
             .sum::<usize>()
 }
 
