@@ -164,20 +164,24 @@ fn by_key_partitions(join: &HashJoinExec) -> DfResult<HashJoinExec> {
         RepartitionExec::try_new(input.clone(), Partitioning::Hash(keys, partitions))
             .map(|r| Arc::new(r) as Arc<dyn ExecutionPlan>)
     };
-    let left = by_keys(
-        join.left(),
-        join.on().iter().map(|(l, _)| l.clone()).collect(),
-    )?;
-    let right = by_keys(
-        join.right(),
-        join.on().iter().map(|(_, r)| r.clone()).collect(),
-    )?;
+    let left = by_keys(join.left(), build_keys(join))?;
+    let right = by_keys(join.right(), probe_keys(join))?;
     join.builder()
         .with_new_children(vec![left, right])?
         .with_partition_mode(PartitionMode::Partitioned)
         .reset_state()
         .recompute_properties()
         .build()
+}
+
+/// The join's keys on its build (left) side.
+fn build_keys(join: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
+    join.on().iter().map(|(l, _)| l.clone()).collect()
+}
+
+/// The join's keys on its probe (right) side.
+fn probe_keys(join: &HashJoinExec) -> Vec<Arc<dyn PhysicalExpr>> {
+    join.on().iter().map(|(_, r)| r.clone()).collect()
 }
 
 /// Whether `join` is wrapped (`Some`), and if so whether its build side is read
@@ -193,16 +197,11 @@ fn wrappable(join: &HashJoinExec) -> Option<bool> {
         // partitioned ([`by_key_partitions`]). With several partitions only build
         // sides estimated small are collected (see `collected_build_threshold`); the
         // others are partitioned.
+        PartitionMode::CollectLeft if collects_for_partitions(join) => {
+            (!keeps_unmatched_build_rows(*join.join_type())).then_some(true)
+        }
         PartitionMode::CollectLeft => {
-            if join.left().properties().partitioning.partition_count() != 1 {
-                return None;
-            }
-            let partitions = join.properties().partitioning.partition_count();
-            if partitions == 1 {
-                Some(false)
-            } else {
-                (!keeps_unmatched_build_rows(*join.join_type())).then_some(true)
-            }
+            (join.left().properties().partitioning.partition_count() == 1).then_some(false)
         }
         PartitionMode::Auto => None,
     }
@@ -491,10 +490,16 @@ struct CollectedBuild {
     probes: Arc<OneShotExec>,
     /// The context lending the rows' memory to the join's table.
     context: Arc<TaskContext>,
-    /// Which partitions of the build side were spilled (empty: none).
+    /// The build side split by key hash, if it did not fit whole.
+    split: Option<SplitBuild>,
+}
+
+/// A shared build side split by key hash: which partitions were spilled, their
+/// files, and the spill manager that wrote them.
+struct SplitBuild {
     spilled: Vec<bool>,
     files: Vec<Option<Arc<dyn SpillFile>>>,
-    build_spill: Arc<SpillManager>,
+    spill: Arc<SpillManager>,
 }
 
 impl CollectedBuild {
@@ -706,17 +711,18 @@ impl JoinRun {
             .right()
             .execute(self.partition, self.context.clone())?;
         let partition = self.partition;
-        let joined = if collected.spilled.contains(&true) {
-            let in_memory = collected.clone();
-            self.join_routed(
-                right,
-                collected.spilled.clone(),
-                collected.files.clone(),
-                collected.build_spill.clone(),
-                move |_, held_probe| in_memory.probe(partition, held_probe),
-            )?
-        } else {
-            collected.probe(partition, right)?
+        let joined = match &collected.split {
+            Some(split) if split.spilled.contains(&true) => {
+                let in_memory = collected.clone();
+                self.join_routed(
+                    right,
+                    split.spilled.clone(),
+                    split.files.clone(),
+                    split.spill.clone(),
+                    move |_, held_probe| in_memory.probe(partition, held_probe),
+                )?
+            }
+            _ => collected.probe(partition, right)?,
         };
         // The plan lets the build side go once every partition's output is done
         // (the streams hold what they read meanwhile).
@@ -734,31 +740,19 @@ impl JoinRun {
     async fn collect_shared(self) -> DfResult<CollectedBuild> {
         let left_schema = self.join.left().schema();
         let mut left = self.join.left().execute(0, self.context.clone())?;
-        let budget = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes,
-            _ => usize::MAX,
-        };
+        let budget = self.budget();
         let build = Prefix::read(&mut left, self.consumer("shared build"), budget / 2).await?;
-        let (held, spilled, files, build_spill) = if build.overflow.is_none() {
+        let (held, split) = if build.overflow.is_none() {
             if let Some(f) = &self.key_filter {
                 f.report(Some(f.bounds_of(&build.held)?))?;
             }
-            let spill = Arc::new(SpillManager::new(
-                self.context.runtime_env(),
-                SpillMetrics::new(&self.metrics, self.partition),
-                left_schema.clone(),
-            ));
-            (
-                build.into_build(left_schema.clone()),
-                Vec::new(),
-                Vec::new(),
-                spill,
-            )
+            (build.into_build(left_schema), None)
         } else {
             // Estimated small enough to collect but not (or no room for it now): a
             // hybrid join, whose partitions in memory every partition probes. Kept
             // within half the budget, the other half for the spilled partitions'
-            // joins; none kept if the probe side holds memory (see `start`).
+            // joins; none kept if an operator below the probe side other than a
+            // spilling join holds memory.
             let rows = build.chain(left_schema.clone(), left);
             let cap = if probe_holds_memory_besides_joins(self.join.right().as_ref()) {
                 0
@@ -767,11 +761,16 @@ impl JoinRun {
             };
             let (build, spill) = self.partition_build(rows, cap).await?;
             let held = HeldBuild {
-                schema: left_schema.clone(),
+                schema: left_schema,
                 batches: build.held,
                 reservation: build.reservation,
             };
-            (held, build.spilled, build.files, spill)
+            let split = SplitBuild {
+                spilled: build.spilled,
+                files: build.files,
+                spill,
+            };
+            (held, Some(split))
         };
         let (rows, context) = held.lend(&self.context)?;
         let partitions = self.join.properties().partitioning.partition_count();
@@ -788,9 +787,7 @@ impl JoinRun {
             join: Arc::new(join),
             probes,
             context,
-            spilled,
-            files,
-            build_spill,
+            split,
         })
     }
 
@@ -802,7 +799,7 @@ impl JoinRun {
         mut rows: SendableRecordBatchStream,
         cap: usize,
     ) -> DfResult<(PartitionedBuild, Arc<SpillManager>)> {
-        let left_keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
+        let left_keys = build_keys(&self.join);
         let left_spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),
             SpillMetrics::new(&self.metrics, self.partition),
@@ -856,7 +853,7 @@ impl JoinRun {
         ) -> DfResult<SendableRecordBatchStream>,
     ) -> DfResult<SendableRecordBatchStream> {
         let right_schema = self.join.right().schema();
-        let right_keys: Vec<_> = self.join.on().iter().map(|(_, r)| r.clone()).collect();
+        let right_keys = probe_keys(&self.join);
         let right_spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),
             SpillMetrics::new(&self.metrics, self.partition),
@@ -1040,8 +1037,16 @@ impl JoinRun {
 
     /// This run's share of the budget: the join's partitions run at the same time.
     fn limit(&self) -> usize {
+        match self.budget() {
+            usize::MAX => usize::MAX,
+            bytes => bytes / self.ways,
+        }
+    }
+
+    /// The whole budget (`usize::MAX`: unlimited).
+    fn budget(&self) -> usize {
         match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes / self.ways,
+            MemoryLimit::Finite(bytes) => bytes,
             _ => usize::MAX,
         }
     }
@@ -1246,7 +1251,7 @@ impl JoinRun {
         cap: usize,
     ) -> DfResult<Option<HeldBuild>> {
         let schema = part.build_spill.schema().clone();
-        let keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
+        let keys = build_keys(&self.join);
         let mut distinct = DistinctKeys::new(keys, &schema)?;
         let reservation = self.consumer("distinct build keys");
         let mut kept = Vec::new();
@@ -1277,15 +1282,12 @@ impl JoinRun {
     /// [`crate::Error::Skew`] for a build partition that nothing lets this join
     /// run within the budget, naming its most frequent key.
     async fn skew_error(&self, part: &SpilledPartition) -> DataFusionError {
-        let keys: Vec<_> = self.join.on().iter().map(|(l, _)| l.clone()).collect();
+        let keys = build_keys(&self.join);
         let counted = match part.build_stream() {
             Ok(rows) => most_frequent_key(rows, &keys, self.consumer("skewed keys")).await,
             Err(e) => Err(e),
         };
-        let budget = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes,
-            _ => usize::MAX,
-        };
+        let budget = self.budget();
         match counted {
             Ok(Some(top)) => skew_error(
                 join_kernel(*self.join.join_type()),
@@ -1868,14 +1870,24 @@ mod tests {
         frames[0].1.data_bytes() / 10
     }
 
-    /// A session over `frames` at `budget` (`None`: unlimited).
+    /// A session over `frames` at `budget` (`None`: unlimited), in one partition.
     fn session_at(
         env: &FrameEnv,
         frames: &[(&str, RemoteFrame)],
         budget: Option<u64>,
     ) -> QuerySession {
+        session_over(env, frames, budget, 1)
+    }
+
+    /// A session over `frames` at `budget` (`None`: unlimited) in `partitions`.
+    fn session_over(
+        env: &FrameEnv,
+        frames: &[(&str, RemoteFrame)],
+        budget: Option<u64>,
+        partitions: usize,
+    ) -> QuerySession {
         let env = env.with_budget(Budget::from_limit(budget).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        let session = QuerySession::with_partitions(&env, partitions).unwrap();
         for (name, frame) in frames {
             session.register(name, frame).unwrap();
         }
@@ -2019,33 +2031,29 @@ mod tests {
         frames: &[(&str, RemoteFrame)],
         budget: Option<u64>,
     ) -> QuerySession {
-        let env = env.with_budget(Budget::from_limit(budget).unwrap());
-        let session = QuerySession::with_partitions(&env, 2).unwrap();
+        let session = session_over(env, frames, budget, 2);
         let state = session.ctx.state_ref();
         let mut state = state.write();
         let optimizer = &mut state.config_mut().options_mut().optimizer;
         optimizer.hash_join_single_partition_threshold = usize::MAX;
         optimizer.hash_join_single_partition_threshold_rows = usize::MAX;
         drop(state);
-        for (name, frame) in frames {
-            session.register(name, frame).unwrap();
-        }
         session
     }
 
+    /// The plan of a join wrapped to read its build side once for all partitions.
+    const SHARED_PLAN: &str = "SpillingHashJoinExec: level=0, wraps HashJoinExec: mode=CollectLeft";
+
     /// Runs `sql` over two partitions with every build side collected, unbudgeted
-    /// and at `budget`; checks that the join read its build side once for both
-    /// partitions, the answers are the same rows, the peak is within the budget and
-    /// nothing is left allocated.
-    fn collected_as_unbudgeted(budget: u64, sql: &str) -> QueryOutput {
+    /// and at `budget`; checks that its plan holds `planned` (a join reading its
+    /// build side once for both partitions: [`SHARED_PLAN`]), the answers are the
+    /// same rows, the peak is within the budget and nothing is left allocated.
+    fn collected_as_unbudgeted(budget: u64, sql: &str, planned: &str) -> QueryOutput {
         let (env, frames) = env_and_frames();
         let want = collecting_session(&env, &frames, None).sql(sql).unwrap();
         let session = collecting_session(&env, &frames, Some(budget));
         let plan = session.explain(sql).unwrap();
-        assert!(
-            plan.contains("SpillingHashJoinExec: level=0, wraps HashJoinExec: mode=CollectLeft"),
-            "{plan}"
-        );
+        assert!(plan.contains(planned), "{plan}");
         let got = session
             .sql(sql)
             .unwrap_or_else(|e| panic!("{sql}: {e}\n{plan}"));
@@ -2063,7 +2071,7 @@ mod tests {
     #[test]
     fn a_build_side_collected_for_all_partitions_is_read_once_and_kept_if_it_fits() {
         // Small's rows cost 2 x 400 KB built: within half of 4 MiB.
-        let out = collected_as_unbudgeted(4 << 20, SQL);
+        let out = collected_as_unbudgeted(4 << 20, SQL, SHARED_PLAN);
         assert_eq!(out.rows(), ROWS as usize / 4);
         assert_eq!(out.stats().spill_files, 0, "{}", out.explain_analyze());
         assert_eq!(join_metric(&out, "spilled_partitions"), 0);
@@ -2076,7 +2084,7 @@ mod tests {
         // and the others spilled, and each partition joins its probe rows of the
         // spilled ones partition by partition.
         let sql = "SELECT a.b_key, a.b_val, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
-        let out = collected_as_unbudgeted(1536 << 10, sql);
+        let out = collected_as_unbudgeted(1536 << 10, sql, SHARED_PLAN);
         assert_eq!(out.rows(), ROWS as usize);
         let text = out.explain_analyze();
         let spilled = join_metric(&out, "spilled_partitions");
@@ -2110,18 +2118,9 @@ mod tests {
         // unmatched in one partition's probe rows may be matched in the other's.
         let sql = "SELECT s.s_key, s.s_val, b.b_val FROM small s \
                    LEFT JOIN (SELECT * FROM big WHERE b_val < 500) b ON s.s_key = b.b_key";
-        let (env, frames) = env_and_frames();
-        let want = collecting_session(&env, &frames, None).sql(sql).unwrap();
-        assert_eq!(want.rows(), ROWS as usize / 4);
-        let session = collecting_session(&env, &frames, Some(1536 << 10));
-        let plan = session.explain(sql).unwrap();
-        assert!(
-            plan.contains("wraps HashJoinExec: mode=Partitioned, join_type=Left"),
-            "{plan}"
-        );
-        let got = session.sql(sql).unwrap();
-        assert!(row_multiset(got.batches()) == row_multiset(want.batches()));
-        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        let planned = "wraps HashJoinExec: mode=Partitioned, join_type=Left";
+        let out = collected_as_unbudgeted(1536 << 10, sql, planned);
+        assert_eq!(out.rows(), ROWS as usize / 4);
     }
 
     #[test]
@@ -2130,7 +2129,7 @@ mod tests {
         // `a` probing: b_pad = 3i matches a key for a third of the rows.
         let sql = "SELECT a.b_key, a.x, b.b_val FROM (SELECT *, b_pad + 1 AS x FROM big) a \
                    LEFT JOIN big b ON a.b_pad = b.b_key";
-        let out = collected_as_unbudgeted(1536 << 10, sql);
+        let out = collected_as_unbudgeted(1536 << 10, sql, SHARED_PLAN);
         assert!(
             out.explain_analyze()
                 .contains("mode=CollectLeft, join_type=Right"),
