@@ -28,6 +28,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::owned::{compact_views, take_rows};
+use super::spill::read_spilled;
 
 /// Partitions a hybrid hash join splits its build side into when it does not fit.
 /// The partitions that fit stay in memory, so many partitions cost little; with
@@ -127,8 +128,8 @@ pub(crate) fn partition_stream(
     let Some(file) = file else {
         return empty_stream(spill.schema().clone());
     };
-    let stream = spill.read_spill_as_stream(file, None)?;
-    let schema = stream.schema();
+    let schema = spill.schema().clone();
+    let stream = read_spilled(file, schema.clone())?;
     // Partitioning cuts every input batch into as many pieces as there are
     // partitions: gathered again, the operator reading them back works on full
     // batches. Decoded batches point into the remote block they were read in; the

@@ -44,6 +44,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::operator::only_child;
+use super::spill::read_spilled;
 
 /// Operators whose work is worth keeping rather than repeating: a subtree without one
 /// (a scan, a filter over it) is cheaper to read again than to hold.
@@ -394,7 +395,7 @@ impl Output {
         let stream: SendableRecordBatchStream = match &part.spilled {
             None => Box::pin(RecordBatchStreamAdapter::new(schema, held)),
             Some(file) => {
-                let rest = self.spill.read_spill_as_stream(file.clone(), None)?;
+                let rest = read_spilled(file.clone(), schema.clone())?;
                 Box::pin(RecordBatchStreamAdapter::new(schema, held.chain(rest)))
             }
         };
