@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_array::{Array, RecordBatch};
-use arrow_data::ByteView;
+use arrow_data::{ArrayData, ByteView};
 use arrow_schema::{DataType, SchemaRef};
 use bytes::{Buf, Bytes};
 use datafusion::arrow::ipc::reader::StreamReader;
@@ -326,30 +326,36 @@ pub(crate) fn read_spilled(
 /// `batch` if its arrays are well formed (see [`read_spilled`]).
 fn checked(batch: RecordBatch) -> DfResult<RecordBatch> {
     for column in batch.columns() {
-        let data = column.to_data();
-        data.validate()?;
-        if matches!(data.data_type(), DataType::Utf8View | DataType::BinaryView) {
-            let views: &[u128] = data.buffers()[0].typed_data();
-            let buffers = &data.buffers()[1..];
-            for &view in views.iter().skip(data.offset()).take(data.len()) {
-                let len = view as u32 as usize;
-                if len <= 12 {
-                    continue;
-                }
-                let view = ByteView::from(view);
-                let fits = buffers
-                    .get(view.buffer_index as usize)
-                    .is_some_and(|b| (view.offset as usize).saturating_add(len) <= b.len());
-                if !fits {
-                    return Err(DataFusionError::Execution(format!(
-                        "a spilled string view points outside its buffers (column type {})",
-                        data.data_type()
-                    )));
-                }
+        check_views(&column.to_data())?;
+    }
+    Ok(batch)
+}
+
+/// Checks `data`'s structure and, in it and its children (a list's or a struct's
+/// fields), that every string view lies within its data buffers.
+fn check_views(data: &ArrayData) -> DfResult<()> {
+    data.validate()?;
+    if matches!(data.data_type(), DataType::Utf8View | DataType::BinaryView) {
+        let views: &[u128] = data.buffers()[0].typed_data();
+        let buffers = &data.buffers()[1..];
+        for &view in views.iter().skip(data.offset()).take(data.len()) {
+            let len = view as u32 as usize;
+            if len <= 12 {
+                continue;
+            }
+            let view = ByteView::from(view);
+            let fits = buffers
+                .get(view.buffer_index as usize)
+                .is_some_and(|b| (view.offset as usize).saturating_add(len) <= b.len());
+            if !fits {
+                return Err(DataFusionError::Execution(format!(
+                    "a spilled string view points outside its buffers (column type {})",
+                    data.data_type()
+                )));
             }
         }
     }
-    Ok(batch)
+    data.child_data().iter().try_for_each(check_views)
 }
 
 /// The blocks of a spill file as one byte stream (see [`read_spilled`]).
@@ -539,5 +545,15 @@ mod tests {
         assert!(checked(batch(4)).is_ok());
         let err = checked(batch(8)).unwrap_err();
         assert!(err.to_string().contains("outside its buffers"), "{err}");
+        // The same view inside a struct column is found too.
+        let nested = |offset: u32| {
+            let inner = batch(offset).column(0).clone();
+            let field = Arc::new(Field::new("s", DataType::Utf8View, false));
+            let structs = arrow_array::StructArray::from(vec![(field, inner)]);
+            let schema = Schema::new(vec![Field::new("t", structs.data_type().clone(), false)]);
+            RecordBatch::try_new(Arc::new(schema), vec![Arc::new(structs)]).unwrap()
+        };
+        assert!(checked(nested(4)).is_ok());
+        assert!(checked(nested(8)).is_err());
     }
 }
