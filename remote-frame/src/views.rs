@@ -90,6 +90,21 @@ pub(crate) fn gather_views(array: &StringViewArray, rows: &[u32]) -> Option<Stri
     Some(unsafe { StringViewArray::new_unchecked(ScalarBuffer::from(gathered), data, nulls) })
 }
 
+/// Checks `array` as [`string_views`] checks its parts: `Ok` where
+/// `StringViewArray::try_new` would accept them, arrow's own error where it would not.
+/// For arrays decoded without validation (spilled batches read back).
+pub(crate) fn check_string_views(array: &StringViewArray) -> Result<(), ArrowError> {
+    if all_valid(array.views(), array.data_buffers(), array.nulls()) {
+        return Ok(());
+    }
+    StringViewArray::try_new(
+        array.views().clone(),
+        array.data_buffers().to_vec(),
+        array.nulls().cloned(),
+    )
+    .map(|_| ())
+}
+
 /// Whether `try_new` would accept these parts (see [`string_views`]).
 fn all_valid(views: &[u128], data: &[Buffer], nulls: Option<&NullBuffer>) -> bool {
     if nulls.is_some_and(|n| n.len() != views.len()) {
