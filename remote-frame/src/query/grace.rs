@@ -317,6 +317,104 @@ impl PartitionFiles {
 /// Pieces a partition kept in memory holds before they are gathered into one batch.
 const GATHER_PIECES: usize = 16;
 
+/// The spilled partitions of a hybrid partitioning: a spill file each, and pieces
+/// queued for it. A batch cut 64 ways gives pieces of a few rows, and each written
+/// alone costs its own message header, encoding and decoding (a spilled DISTINCT at
+/// 5 % took 2.4x as long): a partition's pieces are queued, under the partitioning's
+/// reservation, and written as one batch.
+pub(crate) struct SpilledPartitions {
+    /// A partition with a file is spilled.
+    files: PartitionFiles,
+    pending: Vec<Vec<RecordBatch>>,
+    pending_bytes: Vec<usize>,
+    cost: fn(&RecordBatch) -> usize,
+}
+
+impl SpilledPartitions {
+    /// `fanout` partitions spilled through `spill` (described as `what`), none yet;
+    /// a queued piece reserves `cost(piece)`.
+    pub(crate) fn new(
+        spill: Arc<SpillManager>,
+        what: &str,
+        fanout: usize,
+        cost: fn(&RecordBatch) -> usize,
+    ) -> Self {
+        SpilledPartitions {
+            files: PartitionFiles::new(spill, what, fanout),
+            pending: (0..fanout).map(|_| Vec::new()).collect(),
+            pending_bytes: vec![0; fanout],
+            cost,
+        }
+    }
+
+    /// Whether partition `p` is spilled.
+    pub(crate) fn has(&self, p: usize) -> bool {
+        self.files.has(p)
+    }
+
+    /// Writes `batch` to partition `p`'s file now (spilling `p` if it was not).
+    pub(crate) fn append(&mut self, p: usize, batch: &RecordBatch) -> DfResult<()> {
+        self.files.append(p, batch)
+    }
+
+    /// Whether pieces are queued, holding memory.
+    pub(crate) fn any_pending(&self) -> bool {
+        self.pending_bytes.iter().any(|&b| b > 0)
+    }
+
+    /// Queues `part` for spilled partition `p` under `reservation` (up to `cap`
+    /// bytes in all, a quarter of it for queues), writing the partition's queued
+    /// pieces as one batch once there are enough of them or no memory to queue.
+    pub(crate) fn write_later(
+        &mut self,
+        p: usize,
+        part: RecordBatch,
+        reservation: &MemoryReservation,
+        cap: usize,
+    ) -> DfResult<()> {
+        let need = (self.cost)(&part);
+        let queued = self.pending[p].len() + 1 < GATHER_PIECES
+            && self.pending_bytes.iter().sum::<usize>() + need <= cap / 4
+            && reservation.size() + need <= cap
+            && reservation.try_grow(need).is_ok();
+        self.pending[p].push(part);
+        if queued {
+            self.pending_bytes[p] += need;
+            return Ok(());
+        }
+        self.flush(p, reservation)
+    }
+
+    /// Writes spilled partition `p`'s queued pieces as one batch.
+    fn flush(&mut self, p: usize, reservation: &MemoryReservation) -> DfResult<()> {
+        let pieces = std::mem::take(&mut self.pending[p]);
+        let batch = match pieces.as_slice() {
+            [] => return Ok(()),
+            [one] => one.clone(),
+            [first, ..] => concat_batches(&first.schema(), &pieces)?,
+        };
+        self.files.append(p, &batch)?;
+        let queued = std::mem::take(&mut self.pending_bytes[p]);
+        reservation.shrink(queued.min(reservation.size()));
+        Ok(())
+    }
+
+    /// Writes every queue, giving its memory back to `reservation`.
+    pub(crate) fn flush_all(&mut self, reservation: &MemoryReservation) -> DfResult<()> {
+        (0..self.pending.len()).try_for_each(|p| self.flush(p, reservation))
+    }
+
+    /// The spill file of each partition (`None` where nothing was written), once
+    /// the queues are written.
+    pub(crate) fn finish(
+        &mut self,
+        reservation: &MemoryReservation,
+    ) -> DfResult<Vec<Option<Arc<dyn SpillFile>>>> {
+        self.flush_all(reservation)?;
+        self.files.finish()
+    }
+}
+
 /// A build side split by key hash into partitions kept in memory while a
 /// reservation (up to a cap) takes them; when it does not, the largest partition in
 /// memory is written to a spill file and every later row of it follows there (a
@@ -325,13 +423,7 @@ pub(crate) struct HybridPartitions {
     partitioner: Partitioner,
     held: Vec<Vec<RecordBatch>>,
     held_bytes: Vec<usize>,
-    /// The spilled partitions' files (a partition with a file is spilled).
-    files: PartitionFiles,
-    /// Pieces of spilled partitions not yet written: a batch cut 64 ways gives
-    /// pieces of a few rows, and each written alone costs its own message header,
-    /// encoding and decoding (a spilled DISTINCT at 5 % took 2.4x as long).
-    pending: Vec<Vec<RecordBatch>>,
-    pending_bytes: Vec<usize>,
+    spilled: SpilledPartitions,
     reservation: MemoryReservation,
     cap: usize,
     cost: fn(&RecordBatch) -> usize,
@@ -364,9 +456,7 @@ impl HybridPartitions {
             partitioner,
             held: (0..fanout).map(|_| Vec::new()).collect(),
             held_bytes: vec![0; fanout],
-            files: PartitionFiles::new(spill, what, fanout),
-            pending: (0..fanout).map(|_| Vec::new()).collect(),
-            pending_bytes: vec![0; fanout],
+            spilled: SpilledPartitions::new(spill, what, fanout, cost),
             reservation,
             cap,
             cost,
@@ -376,8 +466,9 @@ impl HybridPartitions {
     /// Adds the rows of `batch` to their partitions.
     pub(crate) fn push(&mut self, batch: &RecordBatch) -> DfResult<()> {
         for (p, part) in self.partitioner.split(batch)? {
-            if self.files.has(p) {
-                self.write_later(p, part)?;
+            if self.spilled.has(p) {
+                self.spilled
+                    .write_later(p, part, &self.reservation, self.cap)?;
                 continue;
             }
             let need = (self.cost)(&part);
@@ -393,20 +484,21 @@ impl HybridPartitions {
                     break;
                 }
                 // Pieces waiting to be written give their memory back first.
-                if self.pending_bytes.iter().any(|&b| b > 0) {
-                    self.flush_all()?;
+                if self.spilled.any_pending() {
+                    self.spilled.flush_all(&self.reservation)?;
                     continue;
                 }
                 // The largest partition in memory goes to memory elements (this
                 // one if it is the largest, or if no other holds anything).
                 let victim = (0..self.held.len())
-                    .filter(|&q| !self.files.has(q))
+                    .filter(|&q| !self.spilled.has(q))
                     .max_by_key(|&q| self.held_bytes[q])
                     .filter(|&q| self.held_bytes[q] > 0)
                     .unwrap_or(p);
                 self.spill_partition(victim)?;
                 if victim == p {
-                    self.write_later(p, part)?;
+                    self.spilled
+                        .write_later(p, part, &self.reservation, self.cap)?;
                     break;
                 }
             }
@@ -440,43 +532,9 @@ impl HybridPartitions {
         Ok(())
     }
 
-    /// Queues `part` for spilled partition `p`, writing the partition's queued
-    /// pieces as one batch once there are enough of them or no memory to queue.
-    fn write_later(&mut self, p: usize, part: RecordBatch) -> DfResult<()> {
-        let need = (self.cost)(&part);
-        let queued = self.pending[p].len() + 1 < GATHER_PIECES
-            && self.pending_bytes.iter().sum::<usize>() + need <= self.cap / 4
-            && self.reservation.size() + need <= self.cap
-            && self.reservation.try_grow(need).is_ok();
-        self.pending[p].push(part);
-        if queued {
-            self.pending_bytes[p] += need;
-            return Ok(());
-        }
-        self.flush(p)
-    }
-
-    /// Writes spilled partition `p`'s queued pieces as one batch.
-    fn flush(&mut self, p: usize) -> DfResult<()> {
-        let pieces = std::mem::take(&mut self.pending[p]);
-        let batch = match pieces.as_slice() {
-            [] => return Ok(()),
-            [one] => one.clone(),
-            [first, ..] => concat_batches(&first.schema(), &pieces)?,
-        };
-        self.files.append(p, &batch)?;
-        let queued = std::mem::take(&mut self.pending_bytes[p]);
-        self.give_back(queued);
-        Ok(())
-    }
-
-    fn flush_all(&mut self) -> DfResult<()> {
-        (0..self.pending.len()).try_for_each(|p| self.flush(p))
-    }
-
     fn spill_partition(&mut self, p: usize) -> DfResult<()> {
         for batch in std::mem::take(&mut self.held[p]) {
-            self.files.append(p, &batch)?;
+            self.spilled.append(p, &batch)?;
         }
         self.reservation
             .shrink(std::mem::take(&mut self.held_bytes[p]).min(self.reservation.size()));
@@ -490,7 +548,7 @@ impl HybridPartitions {
         mut self,
         state: impl Fn(&[RecordBatch]) -> DfResult<usize>,
     ) -> DfResult<PartitionedBuild> {
-        self.flush_all()?;
+        self.spilled.flush_all(&self.reservation)?;
         loop {
             let held: Vec<RecordBatch> = self.held.iter().flatten().cloned().collect();
             let need = state(&held)?;
@@ -499,7 +557,7 @@ impl HybridPartitions {
                 break;
             }
             let victim = (0..self.held.len())
-                .filter(|&q| !self.files.has(q) && self.held_bytes[q] > 0)
+                .filter(|&q| !self.spilled.has(q) && self.held_bytes[q] > 0)
                 .max_by_key(|&q| self.held_bytes[q]);
             match victim {
                 Some(q) => self.spill_partition(q)?,
@@ -512,9 +570,8 @@ impl HybridPartitions {
 
     /// The partitions as they stand: those in memory and the spilled ones' files.
     pub(crate) fn finish(mut self) -> DfResult<PartitionedBuild> {
-        self.flush_all()?;
-        let spilled = (0..self.held.len()).map(|p| self.files.has(p)).collect();
-        let files = self.files.finish()?;
+        let spilled = (0..self.held.len()).map(|p| self.spilled.has(p)).collect();
+        let files = self.spilled.finish(&self.reservation)?;
         Ok(PartitionedBuild {
             held: self.held.into_iter().flatten().collect(),
             reservation: self.reservation,

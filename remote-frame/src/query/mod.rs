@@ -54,6 +54,7 @@
 //! ```
 
 mod aggregate;
+mod aggregate_groups;
 mod chain_order;
 mod distributed;
 mod eager_aggregate;
