@@ -55,7 +55,9 @@ use super::grace::{
     aggregate_fanout, level_seed, partition_stream, split_fanout, HybridPartitions, OneShotExec,
     Partitioner, MAX_LEVEL,
 };
-use super::operator::{holder_cap, memory_holders, only_child, replace_each, task_context_like};
+use super::operator::{
+    budget_bytes, holder_cap, memory_holders, only_child, replace_each, task_context_like,
+};
 use super::owned::{owned_batch, rows_bytes};
 use super::reserved_pool::ReservedPool;
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
@@ -413,10 +415,7 @@ impl AggregateRun {
             .add(spilled.iter().filter(|&&s| s).count());
         let schema = agg.schema();
         let level = self.exec.level;
-        let budget = match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes,
-            _ => usize::MAX,
-        };
+        let budget = budget_bytes(&self.context);
         // The memory is lent to what runs inside: first the partitions kept in
         // memory, out of the memory they were read under (or their groups held), and
         // the room kept; then the spilled ones, one run after another in that room,

@@ -59,7 +59,7 @@ use datafusion::common::utils::memory::estimate_memory_size;
 use datafusion::common::{
     DataFusionError, JoinSide, JoinType, NullEquality, Result as DfResult, ScalarValue,
 };
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SpillFile, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -83,7 +83,9 @@ use super::grace::{
     PartitionedBuild, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
-use super::operator::{holder_cap, holds_memory, memory_holders, memory_holders_but, replace_each};
+use super::operator::{
+    budget_bytes, holder_cap, holds_memory, memory_holders, memory_holders_but, replace_each,
+};
 use super::owned::{owned_if_shared, take_rows};
 use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
@@ -1045,10 +1047,7 @@ impl JoinRun {
 
     /// The whole budget (`usize::MAX`: unlimited).
     fn budget(&self) -> usize {
-        match self.context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => bytes,
-            _ => usize::MAX,
-        }
+        budget_bytes(&self.context)
     }
 
     /// Joins a spilled partition: one level deeper (so that a partition still too
@@ -1400,7 +1399,7 @@ mod tests {
     use crate::query::{QueryOutput, QuerySession};
     use arrow_array::{ArrayRef, Int64Array, StringArray};
     use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
-    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryLimit, MemoryPool};
 
     /// Rows of each table.
     const ROWS: i64 = 40_000;

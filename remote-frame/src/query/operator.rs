@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::EquivalenceProperties;
@@ -111,6 +112,14 @@ pub(crate) fn holder_cap(share: usize, sole: bool) -> usize {
         share - share / 8
     } else {
         share / 2
+    }
+}
+
+/// The budget of `context`'s memory pool in bytes (`usize::MAX`: unlimited).
+pub(crate) fn budget_bytes(context: &TaskContext) -> usize {
+    match context.memory_pool().memory_limit() {
+        MemoryLimit::Finite(bytes) => bytes,
+        _ => usize::MAX,
     }
 }
 
