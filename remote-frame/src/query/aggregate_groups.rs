@@ -35,7 +35,7 @@ use datafusion::physical_plan::aggregates::{
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::grace::{Partitioner, SpilledPartitions};
+use super::grace::{grow_within, Partitioner, SpilledPartitions};
 
 /// Whether `agg` merges partial states (a final phase), whose groups
 /// [`HybridGroups`] can hold.
@@ -122,31 +122,37 @@ impl Aggregate {
 
     /// The groups of `table` as partial states (the input's schema), to be merged
     /// again when their partition is read back.
-    fn states(&self, mut table: GroupTable) -> DfResult<Option<RecordBatch>> {
-        if table.values.is_empty() {
-            return Ok(None);
-        }
-        let mut columns = table.values.emit(EmitTo::All)?;
-        for acc in &mut table.accumulators {
+    fn states(&self, table: GroupTable) -> DfResult<Option<RecordBatch>> {
+        emit(table, self.agg.input().schema(), |acc, columns| {
             columns.extend(acc.state(EmitTo::All)?);
-        }
-        Ok(Some(RecordBatch::try_new(
-            self.agg.input().schema(),
-            columns,
-        )?))
+            Ok(())
+        })
     }
 
     /// The aggregate's answer for the groups of `table`.
-    fn answer(&self, mut table: GroupTable) -> DfResult<Option<RecordBatch>> {
-        if table.values.is_empty() {
-            return Ok(None);
-        }
-        let mut columns = table.values.emit(EmitTo::All)?;
-        for acc in &mut table.accumulators {
+    fn answer(&self, table: GroupTable) -> DfResult<Option<RecordBatch>> {
+        emit(table, self.agg.schema(), |acc, columns| {
             columns.push(acc.evaluate(EmitTo::All)?);
-        }
-        Ok(Some(RecordBatch::try_new(self.agg.schema(), columns)?))
+            Ok(())
+        })
     }
+}
+
+/// All groups of `table` as a batch of `schema` (`None` for no groups): their key
+/// values, then what `accumulated` appends of each accumulator.
+fn emit(
+    mut table: GroupTable,
+    schema: SchemaRef,
+    accumulated: impl Fn(&mut Box<dyn GroupsAccumulator>, &mut Vec<ArrayRef>) -> DfResult<()>,
+) -> DfResult<Option<RecordBatch>> {
+    if table.values.is_empty() {
+        return Ok(None);
+    }
+    let mut columns = table.values.emit(EmitTo::All)?;
+    for acc in &mut table.accumulators {
+        accumulated(acc, &mut columns)?;
+    }
+    Ok(Some(RecordBatch::try_new(schema, columns)?))
 }
 
 /// DataFusion's accumulator of many groups for `expr` (an adapter over its
@@ -257,12 +263,12 @@ impl HybridGroups {
         Ok(())
     }
 
-    /// Reserves `need` bytes for partition `p`, spilling the largest tables until
-    /// they fit. False if `p` itself was spilled for it.
+    /// Reserves `need` bytes for partition `p`, spilling the largest table (`p`
+    /// itself if it is the largest or no other holds anything) until they fit.
+    /// False if `p` was spilled for it.
     fn make_room(&mut self, need: usize, p: usize) -> DfResult<bool> {
         loop {
-            if self.reservation.size() + need <= self.cap && self.reservation.try_grow(need).is_ok()
-            {
+            if grow_within(&self.reservation, need, self.cap) {
                 return Ok(true);
             }
             if self.spilled.any_pending() {
@@ -279,8 +285,8 @@ impl HybridGroups {
 
     /// Partition `p`'s table has grown to `size` with `reserved` reserved for it
     /// besides its last size: the reservation is made to match. A table that grew
-    /// more than its rows reserved (its hash table doubling) spills others, or
-    /// itself, until its size is reserved.
+    /// more than its rows reserved (its hash table doubling) makes room for the
+    /// rest as a piece does, spilling others or itself.
     fn resize(&mut self, p: usize, size: usize, reserved: usize) -> DfResult<()> {
         let held = self.sizes[p] + reserved;
         if size <= held {
@@ -289,22 +295,10 @@ impl HybridGroups {
             return Ok(());
         }
         self.sizes[p] = held;
-        let more = size - held;
-        loop {
-            if self.reservation.size() + more <= self.cap && self.reservation.try_grow(more).is_ok()
-            {
-                self.sizes[p] = size;
-                return Ok(());
-            }
-            if self.spilled.any_pending() {
-                self.spilled.flush_all(&self.reservation)?;
-                continue;
-            }
-            match self.largest().filter(|&q| q != p) {
-                Some(q) => self.spill_table(q)?,
-                None => return self.spill_table(p),
-            }
+        if self.make_room(size - held, p)? {
+            self.sizes[p] = size;
         }
+        Ok(())
     }
 
     /// The partition in memory whose table reserves the most, if any holds anything.

@@ -314,6 +314,12 @@ impl PartitionFiles {
     }
 }
 
+/// Grows `reservation` by `need` bytes if it then holds at most `cap` and the pool
+/// grants them.
+pub(crate) fn grow_within(reservation: &MemoryReservation, need: usize, cap: usize) -> bool {
+    reservation.size() + need <= cap && reservation.try_grow(need).is_ok()
+}
+
 /// Pieces a partition kept in memory holds before they are gathered into one batch.
 const GATHER_PIECES: usize = 16;
 
@@ -375,8 +381,7 @@ impl SpilledPartitions {
         let need = (self.cost)(&part);
         let queued = self.pending[p].len() + 1 < GATHER_PIECES
             && self.pending_bytes.iter().sum::<usize>() + need <= cap / 4
-            && reservation.size() + need <= cap
-            && reservation.try_grow(need).is_ok();
+            && grow_within(reservation, need, cap);
         self.pending[p].push(part);
         if queued {
             self.pending_bytes[p] += need;
@@ -473,9 +478,7 @@ impl HybridPartitions {
             }
             let need = (self.cost)(&part);
             loop {
-                if self.reservation.size() + need <= self.cap
-                    && self.reservation.try_grow(need).is_ok()
-                {
+                if grow_within(&self.reservation, need, self.cap) {
                     self.held[p].push(part);
                     self.held_bytes[p] += need;
                     if self.held[p].len() >= GATHER_PIECES {
@@ -552,8 +555,7 @@ impl HybridPartitions {
         loop {
             let held: Vec<RecordBatch> = self.held.iter().flatten().cloned().collect();
             let need = state(&held)?;
-            if self.reservation.size() + need <= self.cap && self.reservation.try_grow(need).is_ok()
-            {
+            if grow_within(&self.reservation, need, self.cap) {
                 break;
             }
             let victim = (0..self.held.len())

@@ -79,8 +79,8 @@ use futures::lock::Mutex as AsyncMutex;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use super::grace::{
-    level_seed, partition_stream, reserved_stream, split_fanout, HybridPartitions, OneShotExec,
-    PartitionedBuild, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
+    grow_within, level_seed, partition_stream, reserved_stream, split_fanout, HybridPartitions,
+    OneShotExec, PartitionedBuild, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
 };
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{
@@ -535,7 +535,7 @@ impl Prefix {
         while let Some(batch) = input.next().await {
             let batch = owned_if_shared(batch?)?;
             let need = build_cost(&batch);
-            if reservation.size() + need <= cap && reservation.try_grow(need).is_ok() {
+            if grow_within(&reservation, need, cap) {
                 held.push(batch);
             } else {
                 return Ok(Prefix {
@@ -1195,8 +1195,7 @@ impl JoinRun {
                 continue;
             }
             let cost = build_cost(&batch);
-            if offset == 0 && reservation.size() + cost <= cap && reservation.try_grow(cost).is_ok()
-            {
+            if offset == 0 && grow_within(&reservation, cost, cap) {
                 piece.push(batch);
                 continue;
             }
