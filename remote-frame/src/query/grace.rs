@@ -240,7 +240,7 @@ type Finished = DfResult<Option<Arc<dyn SpillFile>>>;
 
 /// A spill file being written batch by batch (DataFusion's in-progress spill file,
 /// whose type is not public).
-trait PartitionWriter: Send {
+pub(crate) trait PartitionWriter: Send {
     fn append(&mut self, batch: &RecordBatch) -> DfResult<()>;
     fn finish(&mut self) -> Finished;
 }
@@ -262,7 +262,10 @@ impl<F: Send> PartitionWriter for InProgress<F> {
 }
 
 /// A new spill file of `spill`'s schema, described as `what`.
-fn partition_writer(spill: &SpillManager, what: &str) -> DfResult<Box<dyn PartitionWriter>> {
+pub(crate) fn partition_writer(
+    spill: &SpillManager,
+    what: &str,
+) -> DfResult<Box<dyn PartitionWriter>> {
     Ok(Box::new(InProgress {
         file: spill.create_in_progress_file(what)?,
         append: |f, b| f.append_batch(b),

@@ -77,6 +77,7 @@ mod running;
 mod scan;
 mod shared;
 mod skew;
+mod sort;
 mod spill;
 mod stage;
 mod stats;
@@ -335,16 +336,7 @@ impl QuerySession {
             .with_disk_manager_builder(
                 DiskManagerBuilder::default()
                     .with_temp_file_factory(factory)
-                    .with_max_temp_directory_size(u64::MAX)
-                    // A sort merges at most this many spilled runs at once (more in
-                    // further passes); unbounded, its merge takes all the memory
-                    // free when it starts and starves the operators above it. The
-                    // partitions' sorts merge at once: the fan-in is shared.
-                    .with_max_spill_merge_fan_in(if limit.is_some() {
-                        (MERGE_FAN_IN / partitions.max(1)).max(2)
-                    } else {
-                        0
-                    }),
+                    .with_max_temp_directory_size(u64::MAX),
             )
             .build_arc()
             .map_err(query_error)?;
@@ -353,14 +345,6 @@ impl QuerySession {
             .with_batch_size(batch_rows(budget))
             .with_information_schema(false);
         if let Some(limit) = limit {
-            // A sort keeps this much back for merging its spilled runs; DataFusion's
-            // default (10 MiB) would be most of a small budget. The merge cannot spill,
-            // and a second sort in the same pipeline (two windows in a row) fills the
-            // pool while it runs: budget/64 was too little for one more batch there.
-            // Never more than a quarter of the budget: the sort needs the rest for
-            // its batches.
-            let reserve = (limit / 32).clamp(16 << 10, 10 << 20).min(limit / 4) as usize;
-            config.options_mut().execution.sort_spill_reservation_bytes = reserve;
             // Sorts (and the windows over them) in one partition: DataFusion's sorts
             // of several partitions at once share the budget first come, first
             // served, and one that has spilled finds no room for its next batch or
@@ -421,7 +405,8 @@ impl QuerySession {
             state = state
                 .with_physical_optimizer_rule(Arc::new(join::SpillingJoins))
                 .with_physical_optimizer_rule(Arc::new(aggregate::SpillingAggregates))
-                .with_physical_optimizer_rule(Arc::new(window::PartitionedWindows));
+                .with_physical_optimizer_rule(Arc::new(window::PartitionedWindows))
+                .with_physical_optimizer_rule(Arc::new(sort::SpillingSorts));
         }
         let ctx = SessionContext::new_with_state(state.build());
         ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
@@ -838,13 +823,6 @@ fn shared_runtime(threads: usize) -> Result<Arc<tokio::runtime::Runtime>> {
 /// (see [`headroom`]).
 const HEADROOM_DIVISOR: usize = 8;
 
-/// Spilled sort runs merged at once under a budget (shared by the partitions' sorts),
-/// as memory allows: the merge reserves each run's largest batch twice. With 8, the
-/// sort at 25 % of its input in `query-bench` (10 runs) took a second pass and wrote
-/// its rows twice (284 MiB moved, 168 MiB now); the SF 1 main job at 25 MiB, whose
-/// sorts each merge at most 8 over two partitions, ran all 99 within the budget.
-const MERGE_FAN_IN: usize = 16;
-
 /// How long a query's end waits for cancelled tasks to free their spill files.
 const SPILL_RELEASE_WAIT: Duration = Duration::from_secs(10);
 
@@ -1070,44 +1048,6 @@ mod tests {
         let t = RemoteFrame::from_polars(&env, &df!("x" => [1i64, 2, 3]).unwrap()).unwrap();
         c.register("t", &t).unwrap();
         assert_eq!(c.sql("SELECT sum(x) AS s FROM t").unwrap().rows(), 1);
-    }
-
-    #[test]
-    fn a_sort_merges_up_to_sixteen_spilled_runs_in_one_pass() {
-        // 750 k rows (12 MB) sorted in 2, 4 and 12 MiB: 12, 6 and 2 runs spilled,
-        // each merged in one pass, so every row is written once (with 8 runs at a
-        // time, the 12 runs at 2 MiB took a second pass).
-        let env = local_env(1, 64 << 20);
-        let rows: i64 = 750_000;
-        let t = keyed_frame(&env, rows, 1_000);
-        for (mib, runs) in [(2u64, 12u64), (4, 6), (12, 2)] {
-            let session = QuerySession::with_partitions(
-                &env.with_budget(Budget::bytes(mib << 20).unwrap()),
-                1,
-            )
-            .unwrap();
-            session.register("t", &t).unwrap();
-            let out = session.sql("SELECT k, v FROM t ORDER BY v DESC").unwrap();
-            let text = out.explain_analyze();
-            assert_eq!(out.stats().spill_files, runs, "{mib} MiB: {text}");
-            let once = rows as u64 * 16;
-            let written = out.stats().spill_bytes_written;
-            assert!(
-                written >= once && written < once + once / 50,
-                "{mib} MiB: {written}"
-            );
-            assert!(
-                out.stats().peak_local_bytes <= mib << 20,
-                "{mib} MiB: {text}"
-            );
-            let got = out.to_polars().unwrap();
-            let v = got.column("v").unwrap().i64().unwrap();
-            assert!(
-                v.into_no_null_iter().eq((0..rows).rev()),
-                "{mib} MiB: not in order"
-            );
-            assert_eq!(session.spill_bytes_held(), 0);
-        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What our operators share: the parts every leaf (a scan, a stage input, a prepared
 //! stream) implements the same way, the plan methods of an operator that runs a
-//! DataFusion window's work in its place, the `with_new_children` of all of them,
+//! DataFusion window's or sort's work in its place, the `with_new_children` of all of them,
 //! taking the one child of an operator that has one, the properties of one that
 //! passes rows on in no promised order, and the physical-optimizer step that swaps
 //! one of ours in for each DataFusion operator of a kind.
@@ -73,6 +73,7 @@ fn holds_memory_itself(plan: &dyn ExecutionPlan) -> bool {
                 | "CrossJoinExec"
                 | "SymmetricHashJoinExec"
                 | "SortExec"
+                | "SpillingSortExec"
                 | "SpillingAggregateExec"
                 | "WindowAggExec"
                 | "PartitionedWindowExec"
@@ -252,11 +253,11 @@ macro_rules! with_new_children_by_replace {
     };
 }
 
-/// Inside `impl ExecutionPlan for $ty` of an operator that runs in place of the window
-/// in its field `$window` (a DataFusion window operator): everything about the plan
-/// (properties, the child, expressions, input requirements, statistics) is the
-/// window's.
-macro_rules! window_plan_methods {
+/// Inside `impl ExecutionPlan for $ty` of an operator that runs in place of the
+/// DataFusion operator in its field `$window` (a window or a sort): everything about
+/// the plan (properties, the child, expressions, input requirements, statistics) is
+/// that operator's.
+macro_rules! wrapped_plan_methods {
     ($window:ident) => {
         fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
             self.$window.properties()
@@ -317,5 +318,5 @@ macro_rules! window_plan_methods {
 }
 
 pub(crate) use leaf_plan_methods;
-pub(crate) use window_plan_methods;
 pub(crate) use with_new_children_by_replace;
+pub(crate) use wrapped_plan_methods;

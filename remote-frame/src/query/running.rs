@@ -212,7 +212,7 @@ impl ExecutionPlan for RunningWindowExec {
         "RunningWindowExec"
     }
 
-    super::operator::window_plan_methods!(window);
+    super::operator::wrapped_plan_methods!(window);
 
     fn replace_children(
         self: Arc<Self>,

@@ -36,12 +36,20 @@ const MIN_BLOCK_BYTES: usize = 16 << 10;
 /// (a group-by spilling most of its input took 1.5x as long with 16 KiB blocks as
 /// with 64 KiB).
 fn block_bytes(budget: Budget) -> usize {
-    let Some(limit) = budget.limit() else {
+    spill_block_bytes(
+        budget
+            .limit()
+            .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX)),
+    )
+}
+
+/// [`block_bytes`] of a budget of `limit` bytes (`usize::MAX`: unlimited): what a
+/// spill file's reader holds besides the batch it decodes.
+pub(crate) fn spill_block_bytes(limit: usize) -> usize {
+    if limit == usize::MAX {
         return BLOCK_BYTES;
-    };
-    usize::try_from(limit / 256)
-        .unwrap_or(usize::MAX)
-        .clamp(MIN_BLOCK_BYTES, BLOCK_BYTES)
+    }
+    (limit / 256).clamp(MIN_BLOCK_BYTES, BLOCK_BYTES)
 }
 
 /// Counters of one query's spilling.
