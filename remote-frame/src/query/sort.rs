@@ -313,6 +313,10 @@ impl SortRun {
         while let Some(chunk) = merge.next_chunk(&self.keys, &self.converter).await? {
             let cost = rows_bytes(&chunk) + chunk.num_rows() * self.key_bytes_per_row;
             self.chunk_cost = self.chunk_cost.max(cost);
+            // A merged batch's strings no longer share buffers, as the batches
+            // read did: the next ones are cut to what this one cost a row.
+            self.row_bytes = self.row_bytes.max(cost.div_ceil(chunk.num_rows()));
+            merge.batch_rows = self.run_rows();
             writer.append(&chunk)?;
         }
         if let Some(file) = writer.finish()? {
@@ -368,13 +372,15 @@ impl SortRun {
     }
 
     /// Rows in a batch of a spilled run: few enough that [`MERGE_WAYS`] runs read
-    /// back at once fit in the cap (a full batch of wide rows in a budget of a few
-    /// hundred KiB did not fit twice).
+    /// back at once, and the merge's own batch, fit in what the sort holds now (it
+    /// keeps that until the end). A full batch of wide rows in a budget of a few
+    /// hundred KiB did not fit twice, nor at 25 MiB under a window that held most
+    /// of the budget (q47).
     fn run_rows(&self) -> usize {
         if self.cap == usize::MAX {
             return self.batch_rows;
         }
-        let per_run = (self.cap / MERGE_WAYS).saturating_sub(self.block_bytes);
+        let per_run = (self.reservation.size() / (MERGE_WAYS + 1)).saturating_sub(self.block_bytes);
         (per_run / self.row_bytes.max(1)).clamp(MIN_RUN_ROWS, self.batch_rows)
     }
 
