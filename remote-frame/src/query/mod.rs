@@ -65,6 +65,7 @@ mod join_order;
 mod key_bounds;
 mod lazy;
 mod measure;
+mod merged_subqueries;
 mod null_rejection;
 mod numeric;
 mod operator;
@@ -413,6 +414,7 @@ impl QuerySession {
         ctx.add_optimizer_rule(Arc::new(null_rejection::NullRejectingJoinKeys));
         ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
         ctx.add_optimizer_rule(Arc::new(eager_aggregate::EagerAggregation));
+        ctx.add_optimizer_rule(Arc::new(merged_subqueries::MergedSubqueries));
         let runtime = shared_runtime(threads)?;
         Ok(QuerySession {
             env: env.clone(),
