@@ -665,12 +665,11 @@ mod tests {
     use polars::prelude::{df, ChunkAgg, DataFrame, SortMultipleOptions};
 
     use super::*;
-    use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::error::Error;
     use crate::frame::RemoteFrame;
     use crate::query::grace::AGGREGATE_FANOUT;
-    use crate::query::test_env::local_env;
+    use crate::query::test_env::{local_env, one_partition_session};
     use crate::query::{QueryOutput, QuerySession};
     use arrow_array::Int64Array;
 
@@ -709,9 +708,7 @@ mod tests {
     }
 
     fn run(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> (QueryOutput, u64) {
-        let env = env.with_budget(Budget::from_limit(budget).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", t).unwrap();
+        let session = one_partition_session(env, budget, t);
         let out = session.sql(SQL).unwrap();
         assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
         let got = by_group(&out);
@@ -779,9 +776,7 @@ mod tests {
         let rows: i64 = 300_000;
         let groups: i64 = 150_000;
         let t = grouped_frame(&env, rows, |i| i % groups);
-        let env = env.with_budget(Budget::bytes(64 << 20).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", &t).unwrap();
+        let session = one_partition_session(&env, Some(64 << 20), &t);
         let skipped = |out: &QueryOutput| {
             out.explain_analyze()
                 .lines()
@@ -811,9 +806,7 @@ mod tests {
         let rows: i64 = 400_000;
         let groups: i64 = 200_000;
         let t = grouped_frame(&env, rows, |i| i * 7 % groups);
-        let env = env.with_budget(Budget::bytes(2 << 20).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", &t).unwrap();
+        let session = one_partition_session(&env, Some(2 << 20), &t);
         let out = session
             .sql("SELECT g, sum(v) AS s FROM t GROUP BY g ORDER BY s, g")
             .unwrap();
@@ -844,19 +837,12 @@ mod tests {
         RemoteFrame::from_record_batches(env, &[batch]).unwrap()
     }
 
-    fn skewed_session(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> QuerySession {
-        let env = env.with_budget(Budget::from_limit(budget).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", t).unwrap();
-        session
-    }
-
     #[test]
     fn a_group_whose_state_outgrows_the_budget_fails_naming_its_key() {
         let env = local_env(1, 128 << 20);
         let t = skewed_table(&env, 60_000, 2);
         let budget = t.data_bytes() / 10;
-        let session = skewed_session(&env, &t, Some(budget));
+        let session = one_partition_session(&env, Some(budget), &t);
         // Group 7's list holds 30,000 values: no partitioning splits one group.
         let err = session
             .sql("SELECT g, array_agg(v) AS vs FROM t GROUP BY g")
@@ -888,8 +874,8 @@ mod tests {
         let sql = "SELECT g, sum(v) AS s, \
                    count(DISTINCT name) + CAST(count(1) > count(name) AS BIGINT) AS names \
                    FROM t GROUP BY g";
-        let want = skewed_session(&env, &t, None).sql(sql).unwrap();
-        let session = skewed_session(&env, &t, Some(80_000));
+        let want = one_partition_session(&env, None, &t).sql(sql).unwrap();
+        let session = one_partition_session(&env, Some(80_000), &t);
         let got = session.sql(sql).unwrap();
         let text = got.explain_analyze();
         assert!(got.stats().spill_files > 0, "{text}");
@@ -909,8 +895,8 @@ mod tests {
         let t = skewed_table(&env, rows, 10);
         let budget = t.data_bytes() / 10;
         let sql = "SELECT g, count(*) AS n, sum(v) AS s FROM t GROUP BY g";
-        let want = skewed_session(&env, &t, None).sql(sql).unwrap();
-        let session = skewed_session(&env, &t, Some(budget));
+        let want = one_partition_session(&env, None, &t).sql(sql).unwrap();
+        let session = one_partition_session(&env, Some(budget), &t);
         let got = session.sql(sql).unwrap();
         let text = got.explain_analyze();
         assert_eq!(got.stats().spill_files, 78, "{text}");

@@ -439,7 +439,7 @@ mod tests {
     use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
-    use crate::query::test_env::local_env;
+    use crate::query::test_env::{local_env, one_partition_session};
     use crate::query::QuerySession;
 
     /// `rows` rows over `groups` keys (`g = i % groups`), `v = i`, in one frame.
@@ -450,13 +450,6 @@ mod tests {
         )
         .unwrap();
         RemoteFrame::from_polars(env, &t).unwrap()
-    }
-
-    fn session(env: &FrameEnv, t: &RemoteFrame, budget: u64) -> QuerySession {
-        let env = env.with_budget(Budget::bytes(budget).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", t).unwrap();
-        session
     }
 
     /// Under a sort, the partial phase passes rows on barely aggregated (its
@@ -473,7 +466,7 @@ mod tests {
         let env = local_env(1, 256 << 20);
         let (rows, groups) = (1_000_000, 100_000);
         let t = repeated_keys(&env, rows, groups);
-        let session = session(&env, &t, 24 << 20);
+        let session = one_partition_session(&env, Some(24 << 20), &t);
         let out = session.sql(SQL).unwrap();
         let text = out.explain_analyze();
         assert!(
@@ -510,7 +503,7 @@ mod tests {
             s.register("t", &t).unwrap();
             s.sql(SQL).unwrap().to_polars().unwrap()
         };
-        let session = session(&env, &t, 4 << 20);
+        let session = one_partition_session(&env, Some(4 << 20), &t);
         let out = session.sql(SQL).unwrap();
         let text = out.explain_analyze();
         assert!(out.stats().spill_files > 0, "{text}");
@@ -534,7 +527,7 @@ mod tests {
     fn an_aggregate_dropped_midway_frees_its_groups_and_spill_files() {
         let env = local_env(1, 256 << 20);
         let t = repeated_keys(&env, 400_000, 200_000);
-        let session = session(&env, &t, 4 << 20);
+        let session = one_partition_session(&env, Some(4 << 20), &t);
         // No sort above: the first answers are handed on while spilled
         // partitions wait in memory elements.
         let (_, plan) = session

@@ -986,7 +986,10 @@ pub(crate) mod test_env {
     use scad_core::transport::LocalTransport;
     use scad_remote_array::MemoryElements;
 
+    use super::QuerySession;
+    use crate::budget::Budget;
     use crate::env::FrameEnv;
+    use crate::frame::RemoteFrame;
 
     /// An env over `elements` local memory elements of `bytes` each, storing frames
     /// in chunks of 4,096 rows.
@@ -1000,6 +1003,20 @@ pub(crate) mod test_env {
             .unwrap();
         }
         FrameEnv::new(all).with_chunk_rows(4096)
+    }
+
+    /// A session of one partition over `env` within `budget` bytes (`None`: no
+    /// limit), with `t` registered as table `t`: how the operators' tests run their
+    /// queries.
+    pub(crate) fn one_partition_session(
+        env: &FrameEnv,
+        budget: Option<u64>,
+        t: &RemoteFrame,
+    ) -> QuerySession {
+        let env = env.with_budget(Budget::from_limit(budget).unwrap());
+        let session = QuerySession::with_partitions(&env, 1).unwrap();
+        session.register("t", t).unwrap();
+        session
     }
 }
 

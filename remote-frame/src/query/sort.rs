@@ -212,7 +212,7 @@ struct SortRun {
     held: Vec<Cursor>,
     /// Bytes of `reservation` the held batches take.
     used: usize,
-    /// Sorted runs spilled, oldest first.
+    /// Sorted runs spilled (the passes before the last merge reorder them by size).
     runs: Vec<Arc<dyn SpillFile>>,
     spill: Arc<SpillManager>,
     reservation: MemoryReservation,
@@ -616,9 +616,10 @@ impl Cursor {
 
 /// A k-way merge of sorted cursors: a tree of losers (each node holds the cursor
 /// that lost the match played there, the root the overall winner), so that the
-/// next row costs one comparison per level. Ties go to the earlier cursor, so the
-/// runs spilled first come first. Most comparisons are of the cursors' next rows'
-/// heads, kept side by side; only equal heads compare the rows.
+/// next row costs one comparison per level. Ties go to the earlier cursor, so that
+/// the order of equal rows does not depend on the tree's shape. Most comparisons
+/// are of the cursors' next rows' heads, kept side by side; only equal heads
+/// compare the rows.
 struct Merge {
     cursors: Vec<Cursor>,
     /// The head of each cursor's next row (`u128::MAX` once it is done).
@@ -765,11 +766,10 @@ mod tests {
     use futures::StreamExt;
     use polars::prelude::df;
 
-    use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
-    use crate::query::test_env::local_env;
-    use crate::query::{QueryOutput, QuerySession};
+    use crate::query::test_env::{local_env, one_partition_session};
+    use crate::query::QueryOutput;
 
     const ROWS: i64 = 750_000;
     const KEYS: i64 = 1_000;
@@ -784,16 +784,9 @@ mod tests {
         RemoteFrame::from_polars(env, &frame).unwrap()
     }
 
-    fn session(env: &FrameEnv, t: &RemoteFrame, budget: u64) -> QuerySession {
-        let env = env.with_budget(Budget::bytes(budget).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", t).unwrap();
-        session
-    }
-
     /// `sql` in `budget` bytes, checked to stay within it and to leave nothing behind.
     fn sort(env: &FrameEnv, t: &RemoteFrame, budget: u64, sql: &str) -> QueryOutput {
-        let session = session(env, t, budget);
+        let session = one_partition_session(env, Some(budget), t);
         let out = session.sql(sql).unwrap();
         let text = out.explain_analyze();
         assert!(text.contains("SpillingSortExec"), "{text}");
@@ -893,7 +886,7 @@ mod tests {
     fn a_sort_dropped_midway_frees_its_memory_and_runs() {
         let env = local_env(1, 64 << 20);
         let t = table(&env);
-        let session = session(&env, &t, 2 << 20);
+        let session = one_partition_session(&env, Some(2 << 20), &t);
         let (_, plan) = session.plan("SELECT k, v FROM t ORDER BY v DESC").unwrap();
         let mut stream = plan.execute(0, session.ctx.task_ctx()).unwrap();
         let first = session.runtime.block_on(stream.next()).unwrap().unwrap();

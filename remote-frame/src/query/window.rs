@@ -405,12 +405,11 @@ impl WindowRun {
 mod tests {
     use polars::prelude::{df, DataFrame, SortMultipleOptions};
 
-    use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::error::Error;
     use crate::frame::RemoteFrame;
-    use crate::query::test_env::local_env;
-    use crate::query::{QueryOutput, QuerySession};
+    use crate::query::test_env::{local_env, one_partition_session};
+    use crate::query::QueryOutput;
 
     const ROWS: i64 = 120_000;
     /// Rows per PARTITION BY partition: partitions span input batches.
@@ -431,9 +430,7 @@ mod tests {
     }
 
     fn run(env: &FrameEnv, t: &RemoteFrame, budget: Option<u64>) -> QueryOutput {
-        let env = env.with_budget(Budget::from_limit(budget).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", t).unwrap();
+        let session = one_partition_session(env, budget, t);
         let out = session.sql(SQL).unwrap();
         assert_eq!(session.spill_bytes_held(), 0, "spill memory left behind");
         assert_eq!(out.rows(), ROWS as usize);
@@ -472,9 +469,7 @@ mod tests {
     #[test]
     fn a_failed_window_query_leaves_nothing_allocated() {
         let (env, t) = env_and_table();
-        let env = env.with_budget(Budget::bytes(1 << 20).unwrap());
-        let session = QuerySession::with_partitions(&env, 1).unwrap();
-        session.register("t", &t).unwrap();
+        let session = one_partition_session(&env, Some(1 << 20), &t);
         // One PARTITION BY partition of 1,500 rows fits in 1 MiB; the whole table as
         // one does not. The sort below has spilled its runs by the time it fails.
         let err = session
