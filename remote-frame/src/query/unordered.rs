@@ -60,7 +60,7 @@ impl PhysicalOptimizerRule for UnorderedPartials {
 
 /// Whether `agg` runs ordered only because the grouping keys it is sorted on are
 /// constant in its input.
-fn sorted_only_by_constants(agg: &AggregateExec) -> bool {
+pub(crate) fn sorted_only_by_constants(agg: &AggregateExec) -> bool {
     let keys = agg.group_expr().expr();
     let sorted: Vec<usize> = match agg.input_order_mode() {
         InputOrderMode::Linear => return false,
@@ -83,7 +83,7 @@ pub(crate) struct UnorderedExec {
 }
 
 impl UnorderedExec {
-    fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>) -> Self {
         let properties = unordered_properties(&input);
         UnorderedExec { input, properties }
     }
