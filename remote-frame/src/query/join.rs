@@ -33,7 +33,8 @@
 //!
 //! A join that collects its build side once for all its partitions (one estimated
 //! small, over several partitions) reads it once, in whichever partition asks
-//! first ([`SharedBuild`]): held whole if it fits half the budget, and then
+//! first ([`SharedBuild`]): held whole if it fits half the budget (most of it when
+//! the join is the plan's only operator that holds memory), and then
 //! DataFusion's join probes it from every partition; if not, it is a hybrid hash
 //! join whose partitions in memory every partition probes, each partition routing
 //! its probe rows of the spilled ones to files of its own and joining them with the
@@ -736,14 +737,16 @@ impl JoinRun {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, joined)))
     }
 
-    /// Reads the build side once for every partition: held whole if it fits half
-    /// the budget, else split by key hash, as many partitions kept in memory as fit
+    /// Reads the build side once for every partition: held whole if it fits its
+    /// cap ([`holder_cap`] of the budget: half, most of it when the join is the
+    /// plan's only holder), else split by key hash, as many partitions kept in memory as fit
     /// and the rest spilled.
     async fn collect_shared(self) -> DfResult<CollectedBuild> {
         let left_schema = self.join.left().schema();
         let mut left = self.join.left().execute(0, self.context.clone())?;
         let budget = self.budget();
-        let build = Prefix::read(&mut left, self.consumer("shared build"), budget / 2).await?;
+        let cap = holder_cap(budget, self.sole);
+        let build = Prefix::read(&mut left, self.consumer("shared build"), cap).await?;
         let (held, split) = if build.overflow.is_none() {
             if let Some(f) = &self.key_filter {
                 f.report(Some(f.bounds_of(&build.held)?))?;
@@ -2077,12 +2080,12 @@ mod tests {
 
     #[test]
     fn a_collected_build_side_too_large_to_share_is_partly_spilled_and_joined_by_each_partition() {
-        // Big's rows cost 2 x 960 KB built, more than half of 1.5 MiB: the build side
-        // is split by key hash, partitions kept in memory within half the budget
+        // Big's rows cost 2 x 960 KB built, more than 7/8 of 1 MiB (the join is
+        // its plan's only holder): the build side is split by key hash, partitions kept in memory within half the budget
         // and the others spilled, and each partition joins its probe rows of the
         // spilled ones partition by partition.
         let sql = "SELECT a.b_key, a.b_val, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
-        let out = collected_as_unbudgeted(1536 << 10, sql, SHARED_PLAN);
+        let out = collected_as_unbudgeted(1 << 20, sql, SHARED_PLAN);
         assert_eq!(out.rows(), ROWS as usize);
         let text = out.explain_analyze();
         let spilled = join_metric(&out, "spilled_partitions");
@@ -2095,7 +2098,7 @@ mod tests {
     fn a_shared_build_dropped_midway_frees_its_spill_files_and_memory() {
         let sql = "SELECT a.b_key, a.b_val, b.b_pad FROM big a JOIN big b ON a.b_key = b.b_key";
         let (env, frames) = env_and_frames();
-        let session = collecting_session(&env, &frames, Some(1536 << 10));
+        let session = collecting_session(&env, &frames, Some(1 << 20));
         let (_, plan) = session.plan(sql).unwrap();
         let task = session.ctx.task_ctx();
         let mut first = plan.execute(0, task.clone()).unwrap();
@@ -2127,7 +2130,7 @@ mod tests {
         // `a` probing: b_pad = 3i matches a key for a third of the rows.
         let sql = "SELECT a.b_key, a.x, b.b_val FROM (SELECT *, b_pad + 1 AS x FROM big) a \
                    LEFT JOIN big b ON a.b_pad = b.b_key";
-        let out = collected_as_unbudgeted(1536 << 10, sql, SHARED_PLAN);
+        let out = collected_as_unbudgeted(1 << 20, sql, SHARED_PLAN);
         assert!(
             out.explain_analyze()
                 .contains("mode=CollectLeft, join_type=Right"),

@@ -443,7 +443,7 @@ impl QuerySession {
         let batch_rows = self.ctx.state().config().batch_size();
         let mut plan = replace_inputs(&top, &ids, inputs, batch_rows)?;
         if shape == TaskShape::Whole {
-            plan = self.one_writer_repartitions(plan)?;
+            plan = self.one_writer_repartitions(plan, self.partitions())?;
         }
         let written = self.write_tasks(&plan, shape, &tasks);
         let scan_bytes = self.release_plan(plan);
