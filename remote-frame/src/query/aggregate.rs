@@ -701,7 +701,7 @@ mod tests {
     use crate::error::Error;
     use crate::frame::RemoteFrame;
     use crate::query::grace::AGGREGATE_FANOUT;
-    use crate::query::test_env::{local_env, one_partition_session};
+    use crate::query::test_env::{local_env, one_partition_session, with_skipping_partials};
     use crate::query::{QueryOutput, QuerySession};
     use arrow_array::Int64Array;
 
@@ -809,7 +809,7 @@ mod tests {
         let rows: i64 = 300_000;
         let groups: i64 = 150_000;
         let t = grouped_frame(&env, rows, |i| i % groups);
-        let session = one_partition_session(&env, Some(64 << 20), &t);
+        let session = with_skipping_partials(one_partition_session(&env, Some(64 << 20), &t));
         let skipped = |out: &QueryOutput| {
             out.explain_analyze()
                 .lines()

@@ -439,7 +439,7 @@ mod tests {
     use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
-    use crate::query::test_env::{local_env, one_partition_session};
+    use crate::query::test_env::{local_env, one_partition_session, with_skipping_partials};
     use crate::query::QuerySession;
 
     /// `rows` rows over `groups` keys (`g = i % groups`), `v = i`, in one frame.
@@ -466,7 +466,7 @@ mod tests {
         let env = local_env(1, 256 << 20);
         let (rows, groups) = (1_000_000, 100_000);
         let t = repeated_keys(&env, rows, groups);
-        let session = one_partition_session(&env, Some(24 << 20), &t);
+        let session = with_skipping_partials(one_partition_session(&env, Some(24 << 20), &t));
         let out = session.sql(SQL).unwrap();
         let text = out.explain_analyze();
         assert!(

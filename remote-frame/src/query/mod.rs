@@ -358,9 +358,23 @@ impl QuerySession {
             // served, and one that has spilled finds no room for its next batch or
             // its merge while another holds the rest (q67 over two partitions).
             // Scans, joins and aggregates still run in every partition.
-            let optimizer = &mut config.options_mut().optimizer;
-            optimizer.repartition_sorts = false;
-            optimizer.repartition_windows = false;
+            let options = config.options_mut();
+            options.optimizer.repartition_sorts = false;
+            options.optimizer.repartition_windows = false;
+            if partitions == 1 {
+                // Under a budget too small for two partitions partial aggregates
+                // never skip aggregating: one short of memory emits early, its probe
+                // reads that as no reduction, and the skipped rows swamp the
+                // spilling final aggregate (q4 at 25 MiB over one partition: 1.31 s
+                // -> 1.63 s, 556 -> 620 spill files). (Ordered ones, which never
+                // skip, failed instead: DataFusion's partially ordered partial
+                // aggregate asks for memory again after emitting early, q39 at 8
+                // and 12 MiB; those sorted only on constants now run unordered.)
+                options
+                    .execution
+                    .skip_partial_aggregation_probe_rows_threshold = usize::MAX;
+            }
+            let optimizer = &mut options.optimizer;
             if partitions > 1 {
                 // A join collects its build side for all partitions only when that is
                 // estimated small (see `collected_build_threshold`); the others are
@@ -402,13 +416,7 @@ impl QuerySession {
         state = state
             .with_physical_optimizer_rule(Arc::new(running::RunningWindows))
             .with_physical_optimizer_rule(Arc::new(rank_filter::RankFilters));
-        if limit.is_none() || partitions > 1 {
-            // Not under a budget too small for two partitions: a partial aggregate
-            // short of memory emits early, its probe reads that as no reduction, and
-            // the skipped rows swamp the spilling final aggregate (q4 at 25 MiB: 1.31 s
-            // -> 1.63 s, 556 -> 620 spill files).
-            state = state.with_physical_optimizer_rule(Arc::new(unordered::UnorderedPartials));
-        }
+        state = state.with_physical_optimizer_rule(Arc::new(unordered::UnorderedPartials));
         if limit.is_some() {
             state = state
                 .with_physical_optimizer_rule(Arc::new(join::SpillingJoins))
@@ -1070,6 +1078,23 @@ pub(crate) mod test_env {
         session.register("t", t).unwrap();
         session
     }
+
+    /// `session` with DataFusion's probe deciding whether partial aggregates skip
+    /// aggregating, as over several partitions (one partition under a budget never
+    /// skips): for tests of what a final phase does with rows passed on.
+    pub(crate) fn with_skipping_partials(session: QuerySession) -> QuerySession {
+        let default = datafusion::common::config::ExecutionOptions::default()
+            .skip_partial_aggregation_probe_rows_threshold;
+        let state = session.ctx.state_ref();
+        let mut state = state.write();
+        state
+            .config_mut()
+            .options_mut()
+            .execution
+            .skip_partial_aggregation_probe_rows_threshold = default;
+        drop(state);
+        session
+    }
 }
 
 #[cfg(test)]
@@ -1356,6 +1381,53 @@ mod tests {
         assert!(skipped, "{}", got.explain_analyze());
         // The same rows selected without making y a constant.
         let want = s.sql(&sql("y >= 2000 AND y <= 2000")).unwrap();
+        assert!(got
+            .to_polars()
+            .unwrap()
+            .equals_missing(&want.to_polars().unwrap()));
+    }
+
+    #[test]
+    fn under_a_budget_of_one_partition_partials_sorted_on_constants_run_unordered_and_never_skip() {
+        // DataFusion's partially ordered partial aggregate asks for memory again
+        // after emitting early, and failed so (q39 at 8 and 12 MiB). Unordered, it
+        // emits early as a hash aggregate does; over one partition it never skips
+        // (see `QuerySession::build`).
+        let env = local_env(1, 64 << 20);
+        let rows = 300_000i64;
+        let t = RemoteFrame::from_polars(
+            &env,
+            &df!("y" => (0..rows).map(|i| 1999 + i % 3).collect::<Vec<_>>(),
+                 "k" => (0..rows).collect::<Vec<_>>(),
+                 "v" => (0..rows).map(|i| i % 7).collect::<Vec<_>>())
+            .unwrap(),
+        )
+        .unwrap();
+        let sql = "SELECT y, k, sum(v) AS s FROM t WHERE y = 2000 GROUP BY y, k \
+                   ORDER BY s DESC, k LIMIT 5";
+        let budgeted = env.with_budget(Budget::from_limit(Some(1 << 20)).unwrap());
+        let s = QuerySession::new(&budgeted).unwrap();
+        s.register("t", &t).unwrap();
+        assert_eq!(s.partitions(), 1);
+        let plan = s.explain(sql).unwrap();
+        let lines: Vec<&str> = plan.lines().collect();
+        let partial = lines
+            .iter()
+            .position(|l| l.contains("mode=Partial"))
+            .unwrap();
+        assert!(lines[partial + 1].contains("UnorderedExec"), "{plan}");
+        let got = s.sql(sql).unwrap();
+        let text = got.explain_analyze();
+        assert!(
+            text.lines()
+                .filter_map(|l| l.split("skipped_aggregation_rows=").nth(1))
+                .all(|rest| rest.starts_with('0')),
+            "{text}"
+        );
+        assert!(got.stats().peak_local_bytes <= 1 << 20, "{text}");
+        let unlimited = QuerySession::new(&env).unwrap();
+        unlimited.register("t", &t).unwrap();
+        let want = unlimited.sql(sql).unwrap();
         assert!(got
             .to_polars()
             .unwrap()
