@@ -81,6 +81,15 @@ fn holds_memory_itself(plan: &dyn ExecutionPlan) -> bool {
     }
 }
 
+/// Whether `plan` joins anywhere in it.
+pub(crate) fn contains_join(plan: &dyn ExecutionPlan) -> bool {
+    plan.name().contains("Join")
+        || plan
+            .children()
+            .into_iter()
+            .any(|c| contains_join(c.as_ref()))
+}
+
 /// Whether running `plan` holds memory beyond a batch at a time anywhere in it.
 pub(crate) fn holds_memory(plan: &dyn ExecutionPlan) -> bool {
     memory_holders(plan) > 0
