@@ -1235,7 +1235,7 @@ mod tests {
         unlimited.register("t", &t).unwrap();
         unlimited.register("dim", &dim).unwrap();
         let scans = |sql: &str| plan_lines(&s, sql, "RemoteScanExec");
-        let wide = format!("partitions={}", cores.min(2).max(1));
+        let wide = format!("partitions={}", cores.clamp(1, 2));
         let cases = [
             // One aggregate, one sort (split among the partitions, then merged).
             (
