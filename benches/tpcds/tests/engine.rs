@@ -161,16 +161,20 @@ fn over_bounds(
 }
 
 #[test]
-fn all_99_queries_equal_duckdb_and_move_no_more_than_committed_at_two_budgets() {
+fn all_99_queries_equal_duckdb_and_move_no_more_than_committed_at_three_budgets() {
     // 10 % of the largest table (2.4 MB at SF 0.01): hash joins, aggregates (q67's
     // ROLLUP) and sorts of several queries outgrow it and spill to the memory
-    // elements; 25 %: fewer. (At 5 %, q67 fails cleanly out of budget: the sort
-    // above its aggregate takes all the memory the aggregate's partitions free.)
+    // elements; 25 %: fewer; 2 % (473 KB), where operators DataFusion runs as they
+    // are must not fail: its ordered final aggregate did (q78 here, as q4 and q11
+    // at SF 1 and 16 MiB) while partials sorted only on constants ran ordered over
+    // one partition and finals so sorted were not made unordered (checked: with
+    // both undone, this test fails on q78).
     let mut measured = run_all(10);
     let spilled = measured.values().filter(|m| m.spill_files > 0).count();
     eprintln!("10 %: {spilled} queries spilled");
     assert!(spilled >= 5, "too few queries spilled at 10 %: {spilled}");
     measured.extend(run_all(25));
+    measured.extend(run_all(2));
     if std::env::var_os("SCAD_SET_BOUNDS").is_some() {
         write_bounds(&measured);
         return;
