@@ -774,8 +774,8 @@ impl JoinRun {
 
     /// Reads the build side once for every partition: held whole if it fits its
     /// cap ([`holder_cap`] of the budget: half, most of it when the join is the
-    /// plan's only holder), else split by key hash, as many partitions kept in memory as fit
-    /// and the rest spilled.
+    /// plan's only holder), else split by key hash, as many partitions kept in
+    /// memory as fit and the rest spilled.
     async fn collect_shared(self) -> DfResult<CollectedBuild> {
         let left_schema = self.join.left().schema();
         let mut left = self.join.left().execute(0, self.context.clone())?;

@@ -612,19 +612,11 @@ impl QuerySession {
         if operator::memory_holders(plan) > 1 || operator::contains_join(plan) {
             return None;
         }
-        let limit = self.env.budget().limit()?;
         let mut state = state.clone();
         let options = state.config_mut().options_mut();
         options.execution.target_partitions = partitions;
-        let optimizer = &mut options.optimizer;
-        optimizer.repartition_sorts = true;
-        optimizer.repartition_windows = true;
-        // A join's build side estimated to fit the sole holder's cap of the whole
-        // budget is collected once for all partitions (hashing it per partition
-        // would give each half the budget, and it would spill).
-        let cap = operator::holder_cap(usize::try_from(limit).unwrap_or(usize::MAX), true);
-        optimizer.hash_join_single_partition_threshold = cap;
-        optimizer.hash_join_single_partition_threshold_rows = 0;
+        options.optimizer.repartition_sorts = true;
+        options.optimizer.repartition_windows = true;
         Some(state)
     }
 
@@ -1235,7 +1227,8 @@ mod tests {
         unlimited.register("t", &t).unwrap();
         unlimited.register("dim", &dim).unwrap();
         let scans = |sql: &str| plan_lines(&s, sql, "RemoteScanExec");
-        let wide = format!("partitions={}", cores.clamp(1, 2));
+        // A partition per core (none more with one core).
+        let wide = format!("partitions={cores}");
         let cases = [
             // One aggregate, one sort (split among the partitions, then merged).
             (
