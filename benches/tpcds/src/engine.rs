@@ -169,6 +169,30 @@ pub fn run_query(
     })
 }
 
+/// Runs `query` `runs` times (at least once) through [`run_query`], stopping after a
+/// run that fails or differs from DuckDB's answer: the runs made, in order (a
+/// failing one last).
+///
+/// # Errors
+/// As [`run_query`].
+pub fn run_query_times(
+    session: &QuerySession,
+    set: &DataSet,
+    query: &str,
+    runs: usize,
+) -> Result<Vec<QueryRun>, TpcdsError> {
+    let mut done = Vec::with_capacity(runs.max(1));
+    while done.len() < runs.max(1) {
+        let run = run_query(session, set, query)?;
+        let failed = run.error.is_some();
+        done.push(run);
+        if failed {
+            break;
+        }
+    }
+    Ok(done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,7 +34,7 @@ use scad_benches::{horizontal_bars, results_dir, Bar};
 use scad_remote_frame::Budget;
 use scad_tpcds::compare::compare_values;
 use scad_tpcds::data::{generate, repo_root, DataSet, GenerateOptions};
-use scad_tpcds::engine::{official_queries, parse_queries, run_query, session};
+use scad_tpcds::engine::{official_queries, parse_queries, run_query_times, session};
 use scad_tpcds::remote::{duckdb_timings, load_tables, Cluster, RedisServer, TransportKind};
 use scad_tpcds::report::{fmt_bytes, parse_budget};
 use serde::Deserialize;
@@ -114,7 +114,6 @@ fn bar(len: usize, what: &str) -> Result<ProgressBar> {
     )
 }
 
-/// Our engine over `cluster` within `budget`.
 /// Our engine over `cluster` within `budget`: each query once as a warm-up (its
 /// answer checked, its peak and bytes moved recorded), then `repeats` timed runs,
 /// the median reported, as DuckDB's and Polars' are.
@@ -135,21 +134,21 @@ fn run_ours(
     let mut out = BTreeMap::new();
     for q in queries {
         b.set_message(q.clone());
-        let mut run = run_query(&session, set, q)?;
-        let mut secs = vec![run.secs];
-        if run.stats.is_some() && run.error.is_none() && repeats > 0 {
-            secs.clear();
-            for _ in 0..repeats {
-                let again = run_query(&session, set, q)?;
-                if again.error.is_some() || again.stats.is_none() {
-                    // A timed run that fails or differs is what is reported.
-                    run = again;
-                    break;
-                }
-                secs.push(again.secs);
-            }
-        }
+        let mut runs = run_query_times(&session, set, q, 1 + repeats)?;
+        // The warm-up's figures and the timed runs' median; a run that failed or
+        // differed (the last) is what is reported.
+        let mut secs: Vec<f64> = runs
+            .iter()
+            .skip(1)
+            .filter(|r| r.error.is_none())
+            .map(|r| r.secs)
+            .collect();
         secs.sort_by(f64::total_cmp);
+        let run = match runs.last().is_some_and(|r| r.error.is_some()) {
+            true => runs.pop(),
+            false => runs.into_iter().next(),
+        }
+        .context("a query ran no time")?;
         let median = secs.get(secs.len() / 2).copied().unwrap_or(run.secs);
         out.insert(
             q.clone(),

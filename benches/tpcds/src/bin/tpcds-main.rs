@@ -32,7 +32,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use scad_remote_frame::Budget;
 use scad_tpcds::data::{generate, GenerateOptions};
 use scad_tpcds::engine::{
-    official_queries, parse_queries, query_number, run_query, session_with_partitions,
+    official_queries, parse_queries, query_number, run_query_times, session_with_partitions,
 };
 use scad_tpcds::regress::{
     compare_runs, comparison_table, machine_factor, read_results, QueryResult, SLOWER_RATIO,
@@ -339,17 +339,17 @@ fn main() -> Result<()> {
             run
         } else {
             task_counts.push(None);
-            let mut best = run_query(&session, &set, q)?;
-            for _ in 1..args.repeats {
-                if best.error.is_some() {
-                    break;
-                }
-                let again = run_query(&session, &set, q)?;
-                if again.error.is_some() || again.secs < best.secs {
-                    best = again;
-                }
-            }
-            best
+            let mut runs = run_query_times(&session, &set, q, args.repeats)?;
+            // The fastest, or the run that failed or differed (the last).
+            let failed = runs.last().is_some_and(|r| r.error.is_some());
+            let at = if failed {
+                runs.len() - 1
+            } else {
+                (0..runs.len())
+                    .min_by(|&a, &b| runs[a].secs.total_cmp(&runs[b].secs))
+                    .unwrap_or(0)
+            };
+            runs.swap_remove(at)
         };
         let line = match (&run.stats, &run.error) {
             (Some(s), error) => format!(
