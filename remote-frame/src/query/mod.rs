@@ -1077,6 +1077,14 @@ pub(crate) mod test_env {
         session
     }
 
+    /// Whether a partial aggregate of `out`'s plan skipped aggregating rows.
+    pub(crate) fn skipped_aggregating(out: &super::QueryOutput) -> bool {
+        out.explain_analyze()
+            .lines()
+            .filter_map(|l| l.split("skipped_aggregation_rows=").nth(1))
+            .any(|rest| !rest.starts_with('0'))
+    }
+
     /// `session` with DataFusion's probe deciding whether partial aggregates skip
     /// aggregating, as over several partitions (one partition under a budget never
     /// skips): for tests of what a final phase does with rows passed on.
@@ -1104,7 +1112,7 @@ mod tests {
     use arrow_schema::ArrowError;
     use datafusion::common::DataFusionError;
 
-    use super::test_env::local_env;
+    use super::test_env::{local_env, skipped_aggregating};
     use super::{collected_build_threshold, partitions, query_error, QuerySession};
     use crate::budget::Budget;
     use crate::env::FrameEnv;
@@ -1127,6 +1135,15 @@ mod tests {
             .filter(|l| l.contains(operator))
             .map(str::to_owned)
             .collect()
+    }
+
+    /// A frame of `rows` rows: `y` = 1999 + row % 3, `k` = row, `v` = row % 7.
+    fn years_frame(env: &FrameEnv, rows: i64) -> RemoteFrame {
+        let frame = df!("y" => (0..rows).map(|i| 1999 + i % 3).collect::<Vec<_>>(),
+                        "k" => (0..rows).collect::<Vec<_>>(),
+                        "v" => (0..rows).map(|i| i % 7).collect::<Vec<_>>())
+        .unwrap();
+        RemoteFrame::from_polars(env, &frame).unwrap()
     }
 
     #[test]
@@ -1340,14 +1357,7 @@ mod tests {
         let env = local_env(1, 64 << 20);
         // Each partition's probe decides after 100 k rows: 150 k each pass the filter.
         let rows = 900_000i64;
-        let t = RemoteFrame::from_polars(
-            &env,
-            &df!("y" => (0..rows).map(|i| 1999 + i % 3).collect::<Vec<_>>(),
-                 "k" => (0..rows).collect::<Vec<_>>(),
-                 "v" => (0..rows).map(|i| i % 7).collect::<Vec<_>>())
-            .unwrap(),
-        )
-        .unwrap();
+        let t = years_frame(&env, rows);
         let s = QuerySession::with_partitions(&env, 2).unwrap();
         s.register("t", &t).unwrap();
         let sql = |filter: &str| {
@@ -1366,12 +1376,7 @@ mod tests {
         assert!(lines[partial + 1].contains("UnorderedExec"), "{plan}");
         assert!(!lines[partial].contains("Sorted"), "{plan}");
         let got = s.sql(&constant).unwrap();
-        let skipped = got
-            .explain_analyze()
-            .lines()
-            .filter_map(|l| l.split("skipped_aggregation_rows=").nth(1))
-            .any(|rest| !rest.starts_with('0'));
-        assert!(skipped, "{}", got.explain_analyze());
+        assert!(skipped_aggregating(&got), "{}", got.explain_analyze());
         // The same rows selected without making y a constant.
         let want = s.sql(&sql("y >= 2000 AND y <= 2000")).unwrap();
         assert!(got
@@ -1388,14 +1393,7 @@ mod tests {
         // (see `QuerySession::build`).
         let env = local_env(1, 64 << 20);
         let rows = 300_000i64;
-        let t = RemoteFrame::from_polars(
-            &env,
-            &df!("y" => (0..rows).map(|i| 1999 + i % 3).collect::<Vec<_>>(),
-                 "k" => (0..rows).collect::<Vec<_>>(),
-                 "v" => (0..rows).map(|i| i % 7).collect::<Vec<_>>())
-            .unwrap(),
-        )
-        .unwrap();
+        let t = years_frame(&env, rows);
         let sql = "SELECT y, k, sum(v) AS s FROM t WHERE y = 2000 GROUP BY y, k \
                    ORDER BY s DESC, k LIMIT 5";
         let budgeted = env.with_budget(Budget::from_limit(Some(1 << 20)).unwrap());
@@ -1411,12 +1409,7 @@ mod tests {
         assert!(lines[partial + 1].contains("UnorderedExec"), "{plan}");
         let got = s.sql(sql).unwrap();
         let text = got.explain_analyze();
-        assert!(
-            text.lines()
-                .filter_map(|l| l.split("skipped_aggregation_rows=").nth(1))
-                .all(|rest| rest.starts_with('0')),
-            "{text}"
-        );
+        assert!(!skipped_aggregating(&got), "{text}");
         assert!(got.stats().peak_local_bytes <= 1 << 20, "{text}");
         let unlimited = QuerySession::new(&env).unwrap();
         unlimited.register("t", &t).unwrap();
