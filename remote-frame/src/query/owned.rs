@@ -36,12 +36,29 @@ pub(crate) fn compact_views(batch: &RecordBatch) -> DfResult<RecordBatch> {
 /// it holds it under, then counts what DataFusion will (`get_array_memory_size`) and
 /// what the rows need alike. Others are passed on as they are.
 pub(crate) fn owned_if_shared(batch: RecordBatch) -> DfResult<RecordBatch> {
-    let rows = rows_bytes(&batch);
-    if batch.get_array_memory_size() > rows + rows / 4 + SHARED_SLACK {
+    if is_shared(&batch) {
         owned_batch(&batch)
     } else {
         Ok(batch)
     }
+}
+
+/// `batch` with its view arrays compacted (see [`compact_views`]) when the buffers it
+/// points into are much larger than its rows: for batches whose other columns are
+/// already their own (interleaved, taken).
+pub(crate) fn compact_views_if_shared(batch: RecordBatch) -> DfResult<RecordBatch> {
+    if is_shared(&batch) {
+        compact_views(&batch)
+    } else {
+        Ok(batch)
+    }
+}
+
+/// Whether `batch` is sized (`get_array_memory_size`) at more than its rows and a
+/// quarter.
+fn is_shared(batch: &RecordBatch) -> bool {
+    let rows = rows_bytes(batch);
+    batch.get_array_memory_size() > rows + rows / 4 + SHARED_SLACK
 }
 
 /// What a batch may hold beyond its rows and a quarter before [`owned_if_shared`]

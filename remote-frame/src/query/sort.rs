@@ -45,7 +45,7 @@ use super::grace::{grow_within, partition_writer};
 use super::operator::{
     budget_bytes, holder_cap, memory_holders, replace_each, replace_wrapped_children,
 };
-use super::owned::{rows_bytes, take_rows};
+use super::owned::{compact_views_if_shared, rows_bytes, take_rows};
 use super::spill::{read_spilled, spill_block_bytes};
 
 /// Spilled runs a merge is sized to read at once.
@@ -754,7 +754,10 @@ impl Merge {
             return Ok(None);
         }
         let refs: Vec<&RecordBatch> = batches.iter().collect();
-        Ok(Some(interleave_record_batch(&refs, &picks)?))
+        // Interleaved views point into every batch they came from, a run's whole
+        // spill block among them: compacted, the chunk is sized (by the merge of
+        // partitions above, which cannot spill) as the strings it shows.
+        compact_views_if_shared(interleave_record_batch(&refs, &picks)?).map(Some)
     }
 }
 
