@@ -4,11 +4,13 @@
 //! data buffers, floats, and integers spanning a wide range go out as they are; only
 //! bitmaps with a bit offset are re-packed). Integers, dates and decimals whose chunk
 //! spans a small range are packed ([`Packing`]): the offsets from the chunk's
-//! smallest value in 1, 2, 4 or 8 bytes. Reading fills typed local vectors straight
-//! from the transport and wraps them as arrow-rs arrays without another copy (packed
-//! values are unpacked into a vector of their type, one pass); every array is built
-//! through the checked constructors, so corrupted remote bytes give an error, never
-//! undefined behaviour.
+//! smallest value in 1, 2, 4 or 8 bytes. Strings whose chunk holds few distinct values
+//! are stored as a [`Dictionary`]: the distinct strings once and a 1- or 2-byte index
+//! per row. Reading fills typed local vectors straight from the transport and wraps
+//! them as arrow-rs arrays without another copy (packed values are unpacked into a
+//! vector of their type, dictionary indices gathered into views, one pass each); every
+//! array is built through the checked constructors (or from views of one so built),
+//! so corrupted remote bytes give an error, never undefined behaviour.
 
 use std::sync::Arc;
 
@@ -17,13 +19,13 @@ use arrow_array::types::{
     ArrowPrimitiveType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int16Type, Int32Type,
     Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
-use arrow_array::{Array, ArrayRef, BooleanArray, NullArray, PrimitiveArray};
+use arrow_array::{Array, ArrayRef, BooleanArray, NullArray, PrimitiveArray, StringViewArray};
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use arrow_schema::DataType;
 use datafusion::arrow::compute;
 
 use crate::error::{Error, Result};
-use crate::meta::{ColumnChunk, ColumnStats, ColumnType, Packing, MAX_STAT_STRING};
+use crate::meta::{ColumnChunk, ColumnStats, ColumnType, Dictionary, Packing, MAX_STAT_STRING};
 
 /// The storable type of an arrow-rs data type. Strings of any Arrow layout are stored
 /// as views (see [`storable`]).
@@ -198,6 +200,59 @@ fn pack(array: &ArrayRef, dtype: ColumnType) -> Option<(Packing, Buffer)> {
     }
 }
 
+/// The strings of `a` as a [`Dictionary`] (its description, each row's index, and the
+/// distinct strings in the order first seen), when that stores them in at most three
+/// quarters of the bytes of their views and data; `None` otherwise.
+fn dictionary(a: &StringViewArray) -> Option<(Dictionary, Buffer, StringViewArray)> {
+    let rows = a.len();
+    let plain = rows * 16 + a.total_buffer_bytes_used();
+    let most = plain * 3 / 4;
+    let mut seen: std::collections::HashMap<&str, u16> = std::collections::HashMap::new();
+    let mut first_rows: Vec<u32> = Vec::new();
+    let mut indices: Vec<u16> = Vec::with_capacity(rows);
+    for row in 0..rows {
+        if a.is_null(row) {
+            indices.push(0);
+            continue;
+        }
+        let next = first_rows.len();
+        let index = match seen.get(a.value(row)) {
+            Some(&i) => i,
+            None => {
+                // Past 65,536 strings, or past the bytes the views take: no gain.
+                let i = u16::try_from(next).ok()?;
+                if (next + 1) * 16 > most {
+                    return None;
+                }
+                seen.insert(a.value(row), i);
+                first_rows.push(u32::try_from(row).ok()?);
+                i
+            }
+        };
+        indices.push(index);
+    }
+    let entries = first_rows.len();
+    if entries == 0 {
+        return None;
+    }
+    let strings = crate::views::gather_views(a, &first_rows)?;
+    let width = if entries <= 1 << 8 { 1 } else { 2 };
+    if rows * width + entries * 16 + strings.total_buffer_bytes_used() > most {
+        return None;
+    }
+    let indices = if width == 1 {
+        // Fewer than 257 strings: every index fits a byte.
+        Buffer::from_vec(indices.iter().map(|&i| i as u8).collect::<Vec<u8>>())
+    } else {
+        Buffer::from_vec(indices)
+    };
+    let description = Dictionary {
+        entries: u32::try_from(entries).ok()?,
+        width: width as u8,
+    };
+    Some((description, indices, strings))
+}
+
 /// Packed values (`packed`, one offset per row, in a destination of their width)
 /// unpacked into a destination of `dtype`'s values.
 fn unpack(name: &str, dtype: ColumnType, packing: Packing, packed: Dest) -> Result<Dest> {
@@ -241,6 +296,8 @@ pub struct EncodedColumn {
     pub stats: Option<ColumnStats>,
     /// How the values are packed (`None`: as they are).
     pub packing: Option<Packing>,
+    /// The strings' dictionary (`None`: one view per row).
+    pub dictionary: Option<Dictionary>,
     buffers: Vec<Buffer>,
 }
 
@@ -279,6 +336,7 @@ impl EncodedColumn {
         }
         let packed = pack(&array, dtype);
         let packing = packed.as_ref().map(|(p, _)| *p);
+        let mut dictionary_description = None;
         match dtype {
             _ if packed.is_some() => buffers.extend(packed.map(|(_, b)| b)),
             ColumnType::Null => {}
@@ -302,8 +360,18 @@ impl EncodedColumn {
             ColumnType::Decimal { .. } => buffers.push(values::<Decimal128Type>(&array)),
             ColumnType::String => {
                 if let Some(s) = array.as_string_view_opt() {
-                    buffers.push(s.views().inner().clone());
-                    buffers.extend(s.data_buffers().iter().cloned());
+                    match dictionary(s) {
+                        Some((description, indices, strings)) => {
+                            dictionary_description = Some(description);
+                            buffers.push(indices);
+                            buffers.push(strings.views().inner().clone());
+                            buffers.extend(strings.data_buffers().iter().cloned());
+                        }
+                        None => {
+                            buffers.push(s.views().inner().clone());
+                            buffers.extend(s.data_buffers().iter().cloned());
+                        }
+                    }
                 }
             }
         }
@@ -311,6 +379,7 @@ impl EncodedColumn {
             null_count,
             stats: column_stats(&array, dtype),
             packing,
+            dictionary: dictionary_description,
             buffers,
         })
     }
@@ -398,6 +467,20 @@ pub fn destinations(dtype: ColumnType, rows: usize, cc: &ColumnChunk) -> Vec<Des
             out.push(Dest::Bytes(vec![0; b.len as usize]));
         }
     }
+    if let (ColumnType::String, Some(d)) = (dtype, cc.dictionary) {
+        let mut bufs = bufs.map(|b| b.len as usize);
+        if let Some(len) = bufs.next() {
+            out.push(match d.width {
+                2 => Dest::U16(vec![0; rows]),
+                _ => Dest::Bytes(vec![0; len]),
+            });
+        }
+        if bufs.next().is_some() {
+            out.push(Dest::Views(vec![0; d.entries as usize]));
+        }
+        out.extend(bufs.map(|len| Dest::Bytes(vec![0; len])));
+        return out;
+    }
     let mut first = true;
     for b in bufs {
         let len = b.len as usize;
@@ -481,6 +564,35 @@ pub fn decode(
     let mut values = it
         .next()
         .ok_or_else(|| Error::Meta(format!("column {name:?} ({dtype}): values buffer missing")))?;
+    if let Some(d) = cc.dictionary {
+        let strings = match (dtype, it.next()) {
+            (ColumnType::String, Some(d @ Dest::Views(_))) => d.into_buffer(),
+            _ => {
+                return Err(Error::Meta(format!(
+                    "column {name:?} ({dtype}): dictionary views missing"
+                )))
+            }
+        };
+        let strings = ScalarBuffer::<u128>::new(strings, 0, d.entries as usize);
+        let data: Vec<Buffer> = it.map(Dest::into_buffer).collect();
+        let strings = crate::views::string_views(strings, data, None)?;
+        let array = match values {
+            Dest::Bytes(v) => crate::views::dictionary_views(&strings, &v, nulls)?,
+            Dest::U16(v) => crate::views::dictionary_views(&strings, &v, nulls)?,
+            _ => {
+                return Err(Error::Meta(format!(
+                    "column {name:?} ({dtype}): dictionary indices of the wrong kind"
+                )))
+            }
+        };
+        if array.len() != rows {
+            return Err(Error::Meta(format!(
+                "column {name:?} ({dtype}): {} dictionary indices for {rows} rows",
+                array.len()
+            )));
+        }
+        return Ok(Arc::new(array));
+    }
     if let Some(p) = cc.packing {
         values = unpack(name, dtype, p, values)?;
     }

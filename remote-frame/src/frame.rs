@@ -673,6 +673,7 @@ impl FrameWriter {
                 buffers,
                 stats: e.stats.clone(),
                 packing: e.packing,
+                dictionary: e.dictionary,
             });
         }
         let element = self.env.next_element()?;

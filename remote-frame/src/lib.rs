@@ -111,7 +111,7 @@ pub use datafusion::logical_expr::JoinType;
 pub use env::{FrameEnv, KernelStats, DEFAULT_CHUNK_ROWS};
 pub use error::{Error, NameKind, Result};
 pub use frame::{Batches, FrameWriter, RemoteFrame};
-pub use meta::{ColumnMeta, ColumnStats, ColumnType, FrameMeta, Packing};
+pub use meta::{ColumnMeta, ColumnStats, ColumnType, Dictionary, FrameMeta, Packing};
 #[cfg(feature = "polars")]
 pub use polars::prelude::DataFrame;
 pub use query::{

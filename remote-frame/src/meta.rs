@@ -10,16 +10,21 @@ use crate::sketch::DistinctSketch;
 
 /// Version of the metadata and layout described here; a frame written by another
 /// version is refused rather than misread. Version 2 frames carry a [`Seal`] (the chunk
-/// layout is version 1's); version 3 frames may store values packed ([`Packing`]), and
-/// this build reads version 2 too (nothing in it is packed). Version 1 metadata,
+/// layout is version 1's); version 3 frames may store values packed ([`Packing`]),
+/// version 4 frames strings as dictionaries ([`Dictionary`]), and this build reads
+/// versions 2 and 3 too (nothing in them is packed, or a dictionary, that they did not
+/// know). Version 1 metadata,
 /// written before frames were sealed, is refused, as its memory cannot be checked.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The oldest layout version this build reads.
 pub const OLDEST_READABLE_VERSION: u32 = 2;
 
 /// The layout version that brought packed values.
 const PACKING_VERSION: u32 = 3;
+
+/// The layout version that brought string dictionaries.
+const DICTIONARY_VERSION: u32 = 4;
 
 /// Alignment of every buffer inside a chunk's remote allocation (and of the local
 /// buffers it is read into), so copies run at full speed.
@@ -171,6 +176,8 @@ pub struct BufferRef {
 /// - fixed width: the values;
 /// - boolean: the value bitmap;
 /// - string: the views (16 bytes per row), then the data buffers the views point into;
+///   as a [`Dictionary`]: the indices (`width` bytes per row), the dictionary's views
+///   (16 bytes per entry), then the data buffers those point into;
 /// - null: nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColumnChunk {
@@ -185,6 +192,9 @@ pub struct ColumnChunk {
     /// How the values are packed (`None`: stored as themselves).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packing: Option<Packing>,
+    /// The strings' dictionary (`None`: one view per row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dictionary: Option<Dictionary>,
 }
 
 impl ColumnChunk {
@@ -197,9 +207,14 @@ impl ColumnChunk {
     /// column's type, `rows` its chunk's rows): packed values are unpacked.
     pub fn local_bytes(&self, dtype: ColumnType, rows: u64) -> u64 {
         let stored = self.stored_bytes();
+        // The indices become one view per row (the dictionary stays as it is).
+        let indices = || self.buffers.get(usize::from(self.null_count > 0));
         match (&self.packing, self.buffers.last(), dtype.width()) {
             (Some(_), Some(values), Some(width)) => stored - values.len + rows * width,
-            _ => stored,
+            _ => match (&self.dictionary, indices()) {
+                (Some(_), Some(indices)) => stored - indices.len + rows * 16,
+                _ => stored,
+            },
         }
     }
 }
@@ -214,6 +229,21 @@ pub struct Packing {
     /// The value a stored 0 stands for (the chunk's smallest).
     pub base: i64,
     /// Bytes per stored value.
+    pub width: u8,
+}
+
+/// Strings stored as a dictionary: the chunk's distinct strings once (as views and
+/// their data) and each row's index into them in `width` bytes. A chunk of a few
+/// distinct strings (genders, states, categories, day names) is stored and moved in a
+/// sixteenth to an eighth of its views' bytes; reading it gathers the dictionary's
+/// views by index into one view per row, sharing the dictionary's data. Slots of nulls
+/// hold 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dictionary {
+    /// Distinct strings (at least one, at most 256 for 1-byte indices and 65,536 for
+    /// 2-byte ones).
+    pub entries: u32,
+    /// Bytes per stored index (1 or 2).
     pub width: u8,
 }
 
@@ -421,6 +451,12 @@ impl FrameMeta {
                         col.name, self.version
                     ));
                 }
+                if cc.dictionary.is_some() && self.version < DICTIONARY_VERSION {
+                    return bad(format!(
+                        "chunk {k}, column {:?}: a string dictionary in a version {} frame (dictionaries came with version {DICTIONARY_VERSION})",
+                        col.name, self.version
+                    ));
+                }
                 validate_column(k, ch, col, cc)?;
             }
         }
@@ -500,6 +536,40 @@ fn validate_column(k: usize, ch: &ChunkMeta, col: &ColumnMeta, cc: &ColumnChunk)
             "values packed, but a {} column is never packed",
             col.dtype
         ));
+    }
+    if let Some(d) = cc.dictionary {
+        if col.dtype != ColumnType::String {
+            return bad(format!(
+                "a dictionary, but a {} column is never stored as one",
+                col.dtype
+            ));
+        }
+        let width = u64::from(d.width);
+        if !matches!(width, 1 | 2) {
+            return bad(format!(
+                "dictionary indices of {width} bytes (they take 1 or 2)"
+            ));
+        }
+        if d.entries == 0 || u64::from(d.entries) > 1 << (8 * width) {
+            return bad(format!(
+                "a dictionary of {} strings with {width}-byte indices",
+                d.entries
+            ));
+        }
+        if rest.len() < 2
+            || rest[0].len != ch.rows * width
+            || rest[1].len != u64::from(d.entries) * 16
+        {
+            return bad(format!(
+                "expected an indices buffer of {} bytes and dictionary views of {} bytes",
+                ch.rows * width,
+                u64::from(d.entries) * 16
+            ));
+        }
+        if rest.len() - 2 > u32::MAX as usize {
+            return bad("too many data buffers".into());
+        }
+        return Ok(());
     }
     match col.dtype {
         ColumnType::Null => {

@@ -90,6 +90,48 @@ pub(crate) fn gather_views(array: &StringViewArray, rows: &[u32]) -> Option<Stri
     Some(unsafe { StringViewArray::new_unchecked(ScalarBuffer::from(gathered), data, nulls) })
 }
 
+/// The strings of `dictionary` at `indices`, one per row, sharing its data buffers:
+/// a column chunk stored as a dictionary, read back. `nulls` (one bit per index) marks
+/// the rows that are null.
+///
+/// # Errors
+/// An index past the dictionary, or `nulls` of another length.
+pub(crate) fn dictionary_views<I: Copy + Into<usize>>(
+    dictionary: &StringViewArray,
+    indices: &[I],
+    nulls: Option<NullBuffer>,
+) -> Result<StringViewArray, ArrowError> {
+    let entries = dictionary.views();
+    // One pass for the bound (null slots included: they hold 0) keeps the gather
+    // below free of checks.
+    let largest = indices.iter().map(|&i| i.into()).max().unwrap_or(0);
+    if !indices.is_empty() && largest >= entries.len() {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "dictionary index {largest} past the dictionary's {} strings",
+            entries.len()
+        )));
+    }
+    if nulls.as_ref().is_some_and(|n| n.len() != indices.len()) {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "{} null bits for {} dictionary indices",
+            nulls.map_or(0, |n| n.len()),
+            indices.len()
+        )));
+    }
+    let views: Vec<u128> = indices.iter().map(|&i| entries[i.into()]).collect();
+    // SAFETY: `dictionary` is a valid view array (built by checked constructors), so
+    // each of its views is an inline string of valid UTF-8 or points at valid UTF-8
+    // inside its buffers; every view here is a copy of one of them (the indices were
+    // bounded above) over the same buffers, and the null buffer has one bit per view.
+    Ok(unsafe {
+        StringViewArray::new_unchecked(
+            ScalarBuffer::from(views),
+            dictionary.data_buffers().to_vec(),
+            nulls,
+        )
+    })
+}
+
 /// Checks `array` as [`string_views`] checks its parts: `Ok` where
 /// `StringViewArray::try_new` would accept them, arrow's own error where it would not.
 /// For arrays decoded without validation (spilled batches read back).

@@ -598,3 +598,151 @@ fn bad_packing_metadata_is_refused() {
     m.version = 2;
     expect_meta(m, "version 2");
 }
+
+/// String columns of 600 rows, every fifth null (its slot an empty string): few short
+/// strings, few long ones, 301 distinct (2-byte indices), every value distinct, all
+/// null.
+fn dictionary_batch() -> arrow_array::RecordBatch {
+    use arrow_array::{ArrayRef, StringViewArray};
+    use std::sync::Arc;
+    const ROWS: usize = 600;
+    let column = |value: &dyn Fn(usize) -> String| -> ArrayRef {
+        Arc::new(
+            (0..ROWS)
+                .map(|r| (r % 5 != 2).then(|| value(r)))
+                .collect::<StringViewArray>(),
+        )
+    };
+    let days = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"];
+    let cols: Vec<(&str, ArrayRef)> = vec![
+        ("short", column(&|r| days[r % 3 + (r / 7) % 2].to_owned())),
+        (
+            "long",
+            column(&|r| format!("a category name of some length no. {}", r % 9)),
+        ),
+        ("many", column(&|r| format!("k{}", r % 301))),
+        ("unique", column(&|r| format!("customer{r:08}"))),
+        (
+            "none",
+            Arc::new(StringViewArray::from(vec![None::<&str>; ROWS])),
+        ),
+    ];
+    arrow_array::RecordBatch::try_from_iter(cols).unwrap()
+}
+
+#[test]
+fn few_distinct_strings_are_stored_as_dictionaries_and_read_back_exactly() {
+    for backend in [Backend::Tcp, Backend::Local] {
+        let e = env(backend, 8 << 20);
+        let env = e.env.with_chunk_rows(600);
+        let batch = dictionary_batch();
+        let frame = RemoteFrame::from_record_batches(&env, std::slice::from_ref(&batch)).unwrap();
+        let chunk = &frame.meta().chunks[0];
+        let dictionaries: Vec<Option<(u32, u8)>> = chunk
+            .columns
+            .iter()
+            .map(|c| c.dictionary.map(|d| (d.entries, d.width)))
+            .collect();
+        // Four distinct days, nine long names, 301 keys; a column of distinct
+        // values (or of nulls only) is kept as views.
+        assert_eq!(
+            dictionaries,
+            [Some((4, 1)), Some((9, 1)), Some((301, 2)), None, None],
+            "{backend:?}"
+        );
+        // The three dictionaries take under a quarter of what their rows take read back.
+        let (local, stored) = (
+            frame.meta().column_bytes(&[0, 1, 2]),
+            frame.meta().column_stored_bytes(&[0, 1, 2]),
+        );
+        assert!(stored * 4 < local, "{stored} stored of {local}");
+        env.reset_stats();
+        let back = frame.to_record_batches().unwrap();
+        assert_eq!(
+            env.stats().bytes_in,
+            frame.meta().stored_bytes(),
+            "reading moves what is stored"
+        );
+        for (k, (got, want)) in back[0].columns().iter().zip(batch.columns()).enumerate() {
+            assert_eq!(got.as_ref(), want.as_ref(), "{backend:?}: column {k}");
+        }
+        // The day names alone: a byte a row, the bitmap, four views.
+        env.reset_stats();
+        let one = frame
+            .record_batches(Some(&["short"]), u64::MAX)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+            .concat();
+        assert_eq!(one[0].column(0).as_ref(), batch.column(0).as_ref());
+        assert_eq!(env.stats().bytes_in, 600 + 75 + 4 * 16);
+    }
+}
+
+#[test]
+fn bad_dictionary_metadata_is_refused() {
+    use scad_remote_frame::{ColumnType, Dictionary};
+    let e = env(Backend::Local, 8 << 20);
+    let env = e.env.with_chunk_rows(600);
+    let frame = RemoteFrame::from_record_batches(&env, &[dictionary_batch()]).unwrap();
+    let meta = frame.meta().clone();
+    let expect_meta = |m: FrameMeta, needle: &str| {
+        let err = RemoteFrame::open(&env, m).unwrap_err();
+        assert!(matches!(err, Error::Meta(_)), "{err}");
+        assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
+    };
+    let edited = |col: usize, edit: fn(&mut Dictionary)| {
+        let mut m = meta.clone();
+        edit(m.chunks[0].columns[col].dictionary.as_mut().unwrap());
+        m
+    };
+    expect_meta(edited(0, |d| d.width = 4), "indices of 4 bytes");
+    expect_meta(edited(0, |d| d.entries = 0), "a dictionary of 0 strings");
+    expect_meta(edited(2, |d| d.width = 1), "a dictionary of 301 strings");
+    // The wrong buffer sizes: indices of another width, more entries than views.
+    expect_meta(edited(0, |d| d.width = 2), "indices buffer of 1200 bytes");
+    expect_meta(
+        edited(1, |d| d.entries = 10),
+        "dictionary views of 160 bytes",
+    );
+    // A dictionary on a column that is not strings.
+    let mut m = meta.clone();
+    m.schema[0].dtype = ColumnType::Int64;
+    expect_meta(m, "a int64 column is never stored as one");
+    // Version 3 frames predate dictionaries.
+    let mut m = meta.clone();
+    m.version = 3;
+    expect_meta(m, "version 3");
+}
+
+#[test]
+fn corrupted_dictionaries_give_an_error_not_garbage() {
+    let e = env(Backend::Local, 8 << 20);
+    let env = e.env.with_chunk_rows(600);
+    let frame = RemoteFrame::from_record_batches(&env, &[dictionary_batch()]).unwrap();
+    let c = &frame.meta().chunks[0];
+    let t = env.elements().transport(&c.element).unwrap();
+    let read = |column: &str| {
+        frame
+            .record_batches(Some(&[column]), u64::MAX)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .map(|b| b.concat())
+    };
+    // Buffers of a column with nulls: validity, indices, views, data.
+    let [_, indices, _] = c.columns[0].buffers[..] else {
+        panic!("{:?}", c.columns[0].buffers)
+    };
+    // An index past the four strings.
+    t.write(c.addr + indices.offset + 1, &[9]).unwrap();
+    let err = read("short").unwrap_err();
+    assert!(err.to_string().contains("dictionary index 9"), "{err}");
+    // A long name's view pointing at a data buffer that does not exist.
+    let views = c.columns[1].buffers[2];
+    t.write(c.addr + views.offset + 8, &77u32.to_le_bytes())
+        .unwrap();
+    let err = read("long").unwrap_err();
+    assert!(err.to_string().contains("buffer index"), "{err}");
+    // The columns left alone still read.
+    assert_eq!(read("many").unwrap()[0].num_rows(), 600);
+}
