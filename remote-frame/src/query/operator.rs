@@ -81,6 +81,16 @@ fn holds_memory_itself(plan: &dyn ExecutionPlan) -> bool {
     }
 }
 
+/// Whether `plan` is a window whose input is a sort (of its partition keys, as the
+/// planner puts one there): it holds one window partition at a time.
+pub(crate) fn is_window_over_sort(plan: &dyn ExecutionPlan) -> bool {
+    matches!(plan.name(), "WindowAggExec" | "PartitionedWindowExec")
+        && plan
+            .children()
+            .first()
+            .is_some_and(|c| matches!(c.name(), "SortExec" | "SpillingSortExec"))
+}
+
 /// Whether `plan` joins anywhere in it.
 pub(crate) fn contains_join(plan: &dyn ExecutionPlan) -> bool {
     plan.name().contains("Join")
