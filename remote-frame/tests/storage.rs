@@ -7,7 +7,7 @@ mod common;
 
 use common::{assert_same, env, fact, Backend};
 use polars::prelude::*;
-use scad_remote_frame::{Error, FrameMeta, Packing, RemoteFrame};
+use scad_remote_frame::{Error, FrameEnv, FrameMeta, Packing, RemoteFrame};
 
 #[test]
 fn round_trip_all_types_tcp_and_local() {
@@ -101,6 +101,13 @@ fn projection_reads_only_its_columns_and_batches_cover_all_rows() {
     );
 }
 
+/// Asserts that opening a frame of `meta` fails with a metadata error naming `needle`.
+fn expect_refused(env: &FrameEnv, meta: FrameMeta, needle: &str) {
+    let err = RemoteFrame::open(env, meta).unwrap_err();
+    assert!(matches!(err, Error::Meta(_)), "{err}");
+    assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
+}
+
 #[test]
 fn metadata_round_trips_and_bad_metadata_is_refused() {
     let e = env(Backend::Local, 4 << 20);
@@ -112,32 +119,27 @@ fn metadata_round_trips_and_bad_metadata_is_refused() {
     assert!(again.to_polars().unwrap().equals_missing(&df));
 
     let meta: FrameMeta = serde_json::from_str(&json).unwrap();
-    let expect_meta = |m: FrameMeta, needle: &str| {
-        let err = RemoteFrame::open(&env, m).unwrap_err();
-        assert!(matches!(err, Error::Meta(_)), "{err}");
-        assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
-    };
     let mut m = meta.clone();
     m.rows += 1;
-    expect_meta(m, "rows");
+    expect_refused(&env, m, "rows");
     let mut m = meta.clone();
     m.chunks[1].columns[2].buffers.last_mut().unwrap().len += 8;
-    expect_meta(m, "qty");
+    expect_refused(&env, m, "qty");
     let mut m = meta.clone();
     m.chunks[0].columns.pop();
-    expect_meta(m, "columns");
+    expect_refused(&env, m, "columns");
     let mut m = meta.clone();
     m.chunks[0].element = "mem9".into();
-    expect_meta(m, "mem9");
+    expect_refused(&env, m, "mem9");
     let mut m = meta.clone();
     m.version = 99;
-    expect_meta(m, "version");
+    expect_refused(&env, m, "version");
     let mut m = meta.clone();
     m.chunks[0].columns[0].buffers[0].offset = m.chunks[0].bytes;
-    expect_meta(m, "outside");
+    expect_refused(&env, m, "outside");
     let mut m = meta.clone();
     m.distinct.as_mut().unwrap().pop();
-    expect_meta(m, "distinct-count sketches");
+    expect_refused(&env, m, "distinct-count sketches");
     // Metadata written before sketches were kept still opens.
     let mut m = meta.clone();
     m.distinct = None;
@@ -559,11 +561,6 @@ fn bad_packing_metadata_is_refused() {
     let env = e.env.with_chunk_rows(300);
     let frame = RemoteFrame::from_record_batches(&env, &[packable_batch()]).unwrap();
     let meta = frame.meta().clone();
-    let expect_meta = |m: FrameMeta, needle: &str| {
-        let err = RemoteFrame::open(&env, m).unwrap_err();
-        assert!(matches!(err, Error::Meta(_)), "{err}");
-        assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
-    };
     // The metadata with column `col`'s packing in the first chunk edited.
     let repacked = |col: usize, edit: fn(&mut Packing)| {
         let mut m = meta.clone();
@@ -571,15 +568,19 @@ fn bad_packing_metadata_is_refused() {
         m
     };
     // A width that is none of 1, 2, 4, 8 (the buffer is 2 bytes a row).
-    expect_meta(repacked(1, |p| p.width = 3), "packed in 3 bytes");
+    expect_refused(&env, repacked(1, |p| p.width = 3), "packed in 3 bytes");
     // No narrower than the type: an i64 column packed in 8 bytes.
-    expect_meta(repacked(2, |p| p.width = 8), "packed in 8 bytes");
+    expect_refused(&env, repacked(2, |p| p.width = 8), "packed in 8 bytes");
     // The wrong buffer size for the width.
-    expect_meta(repacked(1, |p| p.width = 4), "values buffer of 1200 bytes");
+    expect_refused(
+        &env,
+        repacked(1, |p| p.width = 4),
+        "values buffer of 1200 bytes",
+    );
     // A base outside the type (i16).
-    expect_meta(repacked(6, |p| p.base = 40_000), "base 40000");
+    expect_refused(&env, repacked(6, |p| p.base = 40_000), "base 40000");
     // Unsigned types have no negative base.
-    expect_meta(repacked(8, |p| p.base = -1), "base -1");
+    expect_refused(&env, repacked(8, |p| p.base = -1), "base -1");
     // Packing on a column of a type that is never packed, refused when the frame is
     // opened, not when the chunk is read.
     use scad_remote_frame::ColumnType;
@@ -591,12 +592,12 @@ fn bad_packing_metadata_is_refused() {
     ] {
         let mut m = meta.clone();
         m.schema[1].dtype = dtype;
-        expect_meta(m, &format!("a {dtype} column is never packed"));
+        expect_refused(&env, m, &format!("a {dtype} column is never packed"));
     }
     // Version 2 frames predate packing.
     let mut m = meta.clone();
     m.version = 2;
-    expect_meta(m, "version 2");
+    expect_refused(&env, m, "version 2");
 }
 
 /// String columns of 600 rows, every fifth null (its slot an empty string): few short
@@ -686,33 +687,41 @@ fn bad_dictionary_metadata_is_refused() {
     let env = e.env.with_chunk_rows(600);
     let frame = RemoteFrame::from_record_batches(&env, &[dictionary_batch()]).unwrap();
     let meta = frame.meta().clone();
-    let expect_meta = |m: FrameMeta, needle: &str| {
-        let err = RemoteFrame::open(&env, m).unwrap_err();
-        assert!(matches!(err, Error::Meta(_)), "{err}");
-        assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
-    };
     let edited = |col: usize, edit: fn(&mut Dictionary)| {
         let mut m = meta.clone();
         edit(m.chunks[0].columns[col].dictionary.as_mut().unwrap());
         m
     };
-    expect_meta(edited(0, |d| d.width = 4), "indices of 4 bytes");
-    expect_meta(edited(0, |d| d.entries = 0), "a dictionary of 0 strings");
-    expect_meta(edited(2, |d| d.width = 1), "a dictionary of 301 strings");
+    expect_refused(&env, edited(0, |d| d.width = 4), "indices of 4 bytes");
+    expect_refused(
+        &env,
+        edited(0, |d| d.entries = 0),
+        "a dictionary of 0 strings",
+    );
+    expect_refused(
+        &env,
+        edited(2, |d| d.width = 1),
+        "a dictionary of 301 strings",
+    );
     // The wrong buffer sizes: indices of another width, more entries than views.
-    expect_meta(edited(0, |d| d.width = 2), "indices buffer of 1200 bytes");
-    expect_meta(
+    expect_refused(
+        &env,
+        edited(0, |d| d.width = 2),
+        "indices buffer of 1200 bytes",
+    );
+    expect_refused(
+        &env,
         edited(1, |d| d.entries = 10),
         "dictionary views of 160 bytes",
     );
     // A dictionary on a column that is not strings.
     let mut m = meta.clone();
     m.schema[0].dtype = ColumnType::Int64;
-    expect_meta(m, "a int64 column is never stored as one");
+    expect_refused(&env, m, "a int64 column is never stored as one");
     // Version 3 frames predate dictionaries.
     let mut m = meta.clone();
     m.version = 3;
-    expect_meta(m, "version 3");
+    expect_refused(&env, m, "version 3");
 }
 
 #[test]
