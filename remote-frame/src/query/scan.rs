@@ -36,6 +36,13 @@ use datafusion::physical_plan::{
 };
 use std::collections::VecDeque;
 
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::union::UnionExec;
 use futures::StreamExt;
 
 use super::owned::owned_batch;
@@ -264,6 +271,99 @@ impl RemoteScanExec {
             dynamic: Vec::new(),
             row_index,
         }
+    }
+}
+
+impl RemoteScanExec {
+    /// The distinct values of output column `index` as the frame's sketch estimates
+    /// them (the row index: one a row), at most the rows read.
+    fn distinct_estimate(&self, index: usize) -> Option<usize> {
+        let column = match &self.row_index {
+            Some(row_index) if row_index.at == index => return Some(self.frame.rows()),
+            Some(row_index) if row_index.at < index => index - 1,
+            _ => index,
+        };
+        let distinct = self
+            .frame
+            .meta()
+            .distinct_estimate(*self.columns.get(column)?)?;
+        let distinct = usize::try_from(distinct).ok()?;
+        Some(distinct.min(self.rows_read()))
+    }
+
+    /// The rows of the chunks the scan reads.
+    fn rows_read(&self) -> usize {
+        let rows: u64 = self
+            .chunks
+            .iter()
+            .map(|&c| self.frame.meta().chunks[c].rows)
+            .sum();
+        usize::try_from(rows).unwrap_or(usize::MAX)
+    }
+}
+
+/// The distinct values of column `index` of `plan`'s output as the frames' sketches
+/// estimate them, followed through operators that pass their input's values on
+/// (filters, which can only remove some, projections of plain columns, repartitions,
+/// coalesces and cooperative yields) to a scan, and summed over a union's inputs.
+/// `None` where the column leads anywhere else (a join, an aggregate, a computed
+/// value).
+pub(crate) fn column_distinct(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<usize> {
+    match source_of(plan, index)? {
+        Source::Scan(scan, index) => scan.distinct_estimate(index),
+        Source::Union(inputs, index) => inputs.into_iter().try_fold(0usize, |sum, input| {
+            Some(sum.saturating_add(column_distinct(input, index)?))
+        }),
+    }
+}
+
+/// At most the rows `plan` outputs, as [`column_distinct`] follows them (the rows
+/// its scans read): `None` where they come from anything else.
+pub(crate) fn rows_bound(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    match source_of(plan, 0)? {
+        Source::Scan(scan, _) => Some(scan.rows_read()),
+        Source::Union(inputs, _) => inputs.into_iter().try_fold(0usize, |sum, input| {
+            Some(sum.saturating_add(rows_bound(input)?))
+        }),
+    }
+}
+
+/// Where column `index` of a plan's output comes from (see [`column_distinct`]).
+enum Source<'a> {
+    /// Column `.1` of a scan.
+    Scan(&'a RemoteScanExec, usize),
+    /// Column `.1` of each input of a union.
+    Union(Vec<&'a Arc<dyn ExecutionPlan>>, usize),
+}
+
+fn source_of(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<Source<'_>> {
+    if let Some(scan) = plan.downcast_ref::<RemoteScanExec>() {
+        return Some(Source::Scan(scan, index));
+    }
+    if plan.downcast_ref::<UnionExec>().is_some() {
+        return Some(Source::Union(plan.children(), index));
+    }
+    if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
+        let column = projection
+            .expr()
+            .get(index)?
+            .expr
+            .downcast_ref::<Column>()?;
+        return source_of(projection.input(), column.index());
+    }
+    if let Some(filter) = plan.downcast_ref::<FilterExec>() {
+        let index = match filter.projection() {
+            Some(projection) => *projection.get(index)?,
+            None => index,
+        };
+        return source_of(filter.input(), index);
+    }
+    let passes_rows = plan.downcast_ref::<RepartitionExec>().is_some()
+        || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
+        || plan.downcast_ref::<CooperativeExec>().is_some();
+    match plan.children().as_slice() {
+        [input] if passes_rows => source_of(input, index),
+        _ => None,
     }
 }
 
