@@ -13,7 +13,10 @@
 //! elements, and the wrapped aggregate runs on the spilled ones partition by
 //! partition, each again through a spilling aggregate with a new hash seed, so a
 //! partition that is still too large is split again. Every group lands in exactly one
-//! partition, so the answer is DataFusion's.
+//! partition, so the answer is DataFusion's. Where the groups can be estimated from
+//! the frames' distinct-count sketches, the first level splits into as few
+//! partitions as that estimate needs, and a sole aggregate whose groups will not fit
+//! has its partial phase pass rows on instead of aggregating them twice.
 //!
 //! After [`MAX_LEVEL`] levels the wrapped aggregate runs on the partition as is. A
 //! partition still too large there holds a key value more frequent than the budget
@@ -161,7 +164,7 @@ pub(crate) struct SpillingAggregateExec {
     /// Whether the aggregate is the only operator of its plan that holds memory (see
     /// [`holder_cap`]).
     sole: bool,
-    /// The groups of the level-0 aggregate as its input's statistics estimate them
+    /// The groups of the level-0 aggregate as the frames' sketches estimate them
     /// (see [`estimated_groups`]; `None`: unknown, or a level below).
     groups: Option<usize>,
     properties: Arc<PlanProperties>,
