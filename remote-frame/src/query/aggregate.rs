@@ -59,7 +59,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::aggregate_groups::{merges_states, HeldGroups, HybridGroups};
 use super::grace::{
     aggregate_fanout, level_seed, partition_stream, split_fanout, HybridPartitions, OneShotExec,
-    Partitioner, MAX_LEVEL,
+    Partitioner, SizedBlocks, MAX_LEVEL,
 };
 use super::operator::{
     budget_bytes, holder_cap, memory_holders, only_child, replace_each, task_context_like,
@@ -68,6 +68,7 @@ use super::owned::{owned_batch, rows_bytes};
 use super::reserved_pool::ReservedPool;
 use super::scan::{column_distinct, rows_bound};
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
+use super::spill::RemoteSpillFactory;
 use super::unordered::{sorted_only_by_constants, UnorderedExec};
 
 /// Replaces the final phase of DataFusion's hash aggregates by
@@ -400,9 +401,10 @@ impl AggregateRun {
         // (nothing above has had rows of this aggregate yet, and will take what
         // this aggregate gives back).
         let keys = agg.group_expr().input_exprs();
+        let spill_metrics = SpillMetrics::new(&self.exec.metrics, self.partition);
         let spill = Arc::new(SpillManager::new(
             self.context.runtime_env(),
-            SpillMetrics::new(&self.exec.metrics, self.partition),
+            spill_metrics.clone(),
             input_schema.clone(),
         ));
         let room = (cap / 2).max(floor).min(reservation.size());
@@ -424,6 +426,18 @@ impl AggregateRun {
             // A final phase: the partitions in memory hold their groups, merged
             // as rows come, in the whole cap; their memory becomes the room as
             // their answers are handed on.
+            // The spilled partitions' writers hold a block each: together at most
+            // a quarter of the cap (as a join's 64 files with the session's blocks
+            // keep a quarter of the budget), so fewer files write larger blocks.
+            let sized = self
+                .context
+                .session_config()
+                .get_extension::<RemoteSpillFactory>()
+                .map(|factory| SizedBlocks {
+                    factory,
+                    block_bytes: cap / 4 / partitioner.fanout(),
+                    metrics: spill_metrics.clone(),
+                });
             let mut groups = HybridGroups::new(
                 agg.clone(),
                 partitioner,
@@ -432,7 +446,8 @@ impl AggregateRun {
                 cap,
                 batch_rows,
                 state_cost,
-            )?;
+            )?
+            .with_sized_blocks(sized);
             for (reserved, batch) in held_rows {
                 groups.give_back(reserved);
                 groups.push(&batch)?;

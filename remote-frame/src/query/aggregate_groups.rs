@@ -35,7 +35,7 @@ use datafusion::physical_plan::aggregates::{
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::grace::{grow_within, Partitioner, SpilledPartitions};
+use super::grace::{grow_within, Partitioner, SizedBlocks, SpilledPartitions};
 
 /// Whether `agg` merges partial states (a final phase), whose groups
 /// [`HybridGroups`] can hold.
@@ -229,6 +229,12 @@ impl HybridGroups {
             batch_rows: batch_rows.max(1),
             cost,
         })
+    }
+
+    /// Its spilled partitions' files opened with blocks of their own size.
+    pub(crate) fn with_sized_blocks(mut self, sized: Option<SizedBlocks>) -> Self {
+        self.spilled = self.spilled.with_sized_blocks(sized);
+        self
     }
 
     /// Gives back `bytes` of the reservation (at most what it holds): rows reserved

@@ -10,15 +10,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_buffer::BooleanBufferBuilder;
+use arrow_data::{layout, BufferSpec};
 use arrow_schema::SchemaRef;
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, BatchCoalescer};
+use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use datafusion::arrow::ipc::MetadataVersion;
 use datafusion::common::hash_utils::{create_hashes, RandomState};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::execution::spill_file::SpillWriter;
 use datafusion::execution::{SpillFile, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::memory::MemoryStream;
+use datafusion::physical_plan::metrics::SpillMetrics;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -27,8 +32,8 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::owned::{compact_views, take_rows};
-use super::spill::read_spilled;
+use super::owned::{compact_views, rows_bytes, take_rows};
+use super::spill::{read_spilled, RemoteSpillFactory};
 
 /// Partitions a hybrid hash join splits its build side into when it does not fit.
 /// The partitions that fit stay in memory, so many partitions cost little; with
@@ -289,12 +294,84 @@ pub(crate) fn partition_writer(
     }))
 }
 
+/// Spill files opened through the session's factory with blocks of their own size
+/// (see [`RemoteSpillFactory::create_file`]), written as DataFusion's in-progress
+/// files write theirs (an Arrow IPC stream of the spill manager's schema, aligned as
+/// theirs, view arrays compacted) and counted in the same metrics (the bytes as the
+/// rows' bytes).
+#[derive(Clone)]
+pub(crate) struct SizedBlocks {
+    pub(crate) factory: Arc<RemoteSpillFactory>,
+    pub(crate) block_bytes: usize,
+    pub(crate) metrics: SpillMetrics,
+}
+
+/// A partition's file opened with [`SizedBlocks`].
+struct SizedWriter {
+    file: Arc<dyn SpillFile>,
+    schema: SchemaRef,
+    metrics: SpillMetrics,
+    writer: Option<StreamWriter<Box<dyn SpillWriter>>>,
+}
+
+impl PartitionWriter for SizedWriter {
+    fn append(&mut self, batch: &RecordBatch) -> DfResult<()> {
+        let writer = match &mut self.writer {
+            Some(writer) => writer,
+            slot => {
+                let options = IpcWriteOptions::try_new(
+                    spill_alignment(&self.schema),
+                    false,
+                    MetadataVersion::V5,
+                )?;
+                let writer = StreamWriter::try_new_with_options(
+                    self.file.open_writer()?,
+                    &self.schema,
+                    options,
+                )?;
+                self.metrics.spill_file_count.add(1);
+                slot.insert(writer)
+            }
+        };
+        let batch = compact_views(batch)?;
+        writer.write(&batch)?;
+        self.metrics.spilled_rows.add(batch.num_rows());
+        self.metrics.spilled_bytes.add(rows_bytes(&batch));
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Finished {
+        let Some(mut writer) = self.writer.take() else {
+            return Ok(None);
+        };
+        writer.finish()?;
+        writer.into_inner()?.finish()?;
+        Ok(Some(self.file.clone()))
+    }
+}
+
+/// The alignment of a spill file's buffers: the largest any column's buffers need,
+/// at least 8, as DataFusion's spill writer aligns them (a view array read back from
+/// buffers aligned less would be copied).
+fn spill_alignment(schema: &SchemaRef) -> usize {
+    schema
+        .fields()
+        .iter()
+        .flat_map(|field| layout(field.data_type()).buffers)
+        .map(|buffer| match buffer {
+            BufferSpec::FixedWidth { alignment, .. } => alignment,
+            _ => 8,
+        })
+        .fold(8, usize::max)
+}
+
 /// One spill file per partition, each opened when its partition's first rows are
 /// written.
 struct PartitionFiles {
     spill: Arc<SpillManager>,
     what: String,
     writers: Vec<Option<Box<dyn PartitionWriter>>>,
+    sized: Option<SizedBlocks>,
 }
 
 impl PartitionFiles {
@@ -304,7 +381,21 @@ impl PartitionFiles {
             spill,
             what: what.to_owned(),
             writers: (0..fanout).map(|_| None).collect(),
+            sized: None,
         }
+    }
+
+    /// A new file for a partition.
+    fn open(&self) -> DfResult<Box<dyn PartitionWriter>> {
+        let Some(sized) = &self.sized else {
+            return partition_writer(&self.spill, &self.what);
+        };
+        Ok(Box::new(SizedWriter {
+            file: sized.factory.create_file(&self.what, sized.block_bytes),
+            schema: self.spill.schema().clone(),
+            metrics: sized.metrics.clone(),
+            writer: None,
+        }))
     }
 
     /// Whether partition `p` has a file.
@@ -314,9 +405,12 @@ impl PartitionFiles {
 
     /// Appends `batch` to partition `p`'s file.
     fn append(&mut self, p: usize, batch: &RecordBatch) -> DfResult<()> {
-        let writer = match &mut self.writers[p] {
-            Some(w) => w,
-            slot => slot.insert(partition_writer(&self.spill, &self.what)?),
+        let writer = match self.writers[p].take() {
+            Some(w) => self.writers[p].insert(w),
+            None => {
+                let w = self.open()?;
+                self.writers[p].insert(w)
+            }
         };
         writer.append(batch)
     }
@@ -370,6 +464,12 @@ impl SpilledPartitions {
             pending_bytes: vec![0; fanout],
             cost,
         }
+    }
+
+    /// Its files opened with blocks of their own size.
+    pub(crate) fn with_sized_blocks(mut self, sized: Option<SizedBlocks>) -> Self {
+        self.files.sized = sized;
+        self
     }
 
     /// Whether partition `p` is spilled.

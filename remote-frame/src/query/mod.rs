@@ -342,15 +342,18 @@ impl QuerySession {
             .with_memory_pool(pool.clone())
             .with_disk_manager_builder(
                 DiskManagerBuilder::default()
-                    .with_temp_file_factory(factory)
+                    .with_temp_file_factory(factory.clone())
                     .with_max_temp_directory_size(u64::MAX),
             )
             .build_arc()
             .map_err(query_error)?;
+        // Also in the config: operators that size their spill files' blocks open
+        // them through it (`grace::SizedBlocks`).
         let mut config = SessionConfig::new()
             .with_target_partitions(partitions)
             .with_batch_size(batch_rows(budget))
-            .with_information_schema(false);
+            .with_information_schema(false)
+            .with_extension(factory);
         if let Some(limit) = limit {
             // Sorts (and the windows over them) in one partition: DataFusion's sorts
             // of several partitions at once share the budget first come, first
