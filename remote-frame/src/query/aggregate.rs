@@ -43,11 +43,9 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, SpillMetrics,
 };
-use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -66,7 +64,7 @@ use super::operator::{
 };
 use super::owned::{owned_batch, rows_bytes};
 use super::reserved_pool::ReservedPool;
-use super::scan::{column_distinct, rows_bound};
+use super::scan::{column_distinct, passes_rows, rows_bound};
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
 use super::spill::RemoteSpillFactory;
 use super::unordered::{sorted_only_by_constants, UnorderedExec};
@@ -704,10 +702,8 @@ fn estimated_groups(agg: &AggregateExec) -> Option<usize> {
             if let Some(partial) = below.downcast_ref::<AggregateExec>() {
                 break partial;
             }
-            let passes_rows = below.downcast_ref::<RepartitionExec>().is_some()
-                || below.downcast_ref::<CoalescePartitionsExec>().is_some();
             match below.children().as_slice() {
-                [child] if passes_rows => below = child,
+                [child] if passes_rows(below.as_ref()) => below = child,
                 _ => return None,
             }
         };

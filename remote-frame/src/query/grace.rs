@@ -385,14 +385,18 @@ impl PartitionFiles {
         }
     }
 
-    /// A new file for a partition.
-    fn open(&self) -> DfResult<Box<dyn PartitionWriter>> {
-        let Some(sized) = &self.sized else {
-            return partition_writer(&self.spill, &self.what);
+    /// A new file of `spill`'s schema for a partition, described as `what`.
+    fn open(
+        spill: &SpillManager,
+        what: &str,
+        sized: Option<&SizedBlocks>,
+    ) -> DfResult<Box<dyn PartitionWriter>> {
+        let Some(sized) = sized else {
+            return partition_writer(spill, what);
         };
         Ok(Box::new(SizedWriter {
-            file: sized.factory.create_file(&self.what, sized.block_bytes),
-            schema: self.spill.schema().clone(),
+            file: sized.factory.create_file(what, sized.block_bytes),
+            schema: spill.schema().clone(),
             metrics: sized.metrics.clone(),
             writer: None,
         }))
@@ -405,12 +409,9 @@ impl PartitionFiles {
 
     /// Appends `batch` to partition `p`'s file.
     fn append(&mut self, p: usize, batch: &RecordBatch) -> DfResult<()> {
-        let writer = match self.writers[p].take() {
-            Some(w) => self.writers[p].insert(w),
-            None => {
-                let w = self.open()?;
-                self.writers[p].insert(w)
-            }
+        let writer = match &mut self.writers[p] {
+            Some(w) => w,
+            slot => slot.insert(Self::open(&self.spill, &self.what, self.sized.as_ref())?),
         };
         writer.append(batch)
     }

@@ -17,32 +17,32 @@ use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{conjunction_opt, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_expr_common::physical_expr::{
     snapshot_generation, snapshot_physical_expr,
 };
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation,
 };
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
     SendableRecordBatchStream,
 };
 use std::collections::VecDeque;
 
-use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::coop::CooperativeExec;
-use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::union::UnionExec;
 use futures::StreamExt;
 
 use super::owned::owned_batch;
@@ -272,9 +272,7 @@ impl RemoteScanExec {
             row_index,
         }
     }
-}
 
-impl RemoteScanExec {
     /// The distinct values of output column `index` as the frame's sketch estimates
     /// them (the row index: one a row), at most the rows read.
     fn distinct_estimate(&self, index: usize) -> Option<usize> {
@@ -358,13 +356,18 @@ fn source_of(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<Source<'_>> 
         };
         return source_of(filter.input(), index);
     }
-    let passes_rows = plan.downcast_ref::<RepartitionExec>().is_some()
-        || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
-        || plan.downcast_ref::<CooperativeExec>().is_some();
     match plan.children().as_slice() {
-        [input] if passes_rows => source_of(input, index),
+        [input] if passes_rows(plan.as_ref()) => source_of(input, index),
         _ => None,
     }
+}
+
+/// Whether `plan` hands on its one input's rows as they are, only moved between
+/// partitions or threads (a repartition, a coalesce, a cooperative yield).
+pub(crate) fn passes_rows(plan: &dyn ExecutionPlan) -> bool {
+    plan.downcast_ref::<RepartitionExec>().is_some()
+        || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
+        || plan.downcast_ref::<CooperativeExec>().is_some()
 }
 
 impl DisplayAs for RemoteScanExec {

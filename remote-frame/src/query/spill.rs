@@ -79,9 +79,7 @@ impl RemoteSpillFactory {
             block_bytes,
         }
     }
-}
 
-impl RemoteSpillFactory {
     /// A spill file whose writers gather `block_bytes` before writing a block (at
     /// least the session's block, at most [`BLOCK_BYTES`]): an operator that writes
     /// few files at once can hold larger blocks within the same bound, each a round
