@@ -1839,9 +1839,9 @@ mod tests {
         // nothing without reading its probe side. Every chunk of `cycled` holds all
         // 16 keys (the join's dynamic filter skips none), so the repartition below
         // sends rows to both partitions: unless that partition takes its channel and
-        // closes it, the repartition holds its share of `cycled` (about half, 3.2 MB)
-        // for it and spills it all. Closed, it takes at most what was sent before
-        // the partition had read its (empty) build side: a few batches.
+        // closes it, the repartition holds its share of `cycled`'s keys (about half,
+        // 1.6 MB) for it and spills it all. Closed, it takes at most what was sent
+        // before the partition had read its (empty) build side: a few batches.
         const CYCLED: i64 = 10 * ROWS;
         let (env, frames) = env_and_frames();
         let cycled = df!(
@@ -1857,13 +1857,15 @@ mod tests {
         }
         let cycled = RemoteFrame::from_polars(&env, &cycled).unwrap();
         session.register("cycled", &cycled).unwrap();
-        let sql = "SELECT b.pad FROM small s JOIN cycled b ON s.s_key = b.k \
-                   WHERE s.s_key + s.s_val = 0";
+        // A semi join keeping its build side's rows: partitioned even when its
+        // build side is small (see `by_key_partitions`).
+        let sql = "SELECT s.s_val FROM small s WHERE s.s_key + s.s_val = 0 \
+                   AND EXISTS (SELECT 1 FROM cycled b WHERE b.k = s.s_key)";
         let out = session.sql(sql).unwrap();
-        assert_eq!(out.stats.rows, CYCLED as usize / 16);
+        assert_eq!(out.stats.rows, 1);
         let plan = out.explain_analyze();
         assert!(plan.contains("mode=Partitioned"), "{plan}");
-        let share = CYCLED as u64 / 2 * 16;
+        let share = CYCLED as u64 / 2 * 8;
         assert!(out.stats.spill_bytes_written < share / 4, "{plan}");
         assert_eq!(
             session.release_timeouts(),

@@ -24,11 +24,20 @@
 //! - limits (and every operator's `fetch`) cap; unions add; the rest keep their
 //!   input's rows.
 //!
-//! Only the sides of each join are chosen here; the order of a chain of inner joins
-//! was chosen on the logical plan ([`super::chain_order`]).
+//! A join `JoinSelection` partitioned by key (both inputs repartitioned) is
+//! collected instead (its build side read once for all partitions, the probe side
+//! read where it is) when its build side only scans, filters and joins and is
+//! estimated below the collect threshold: DataFusion's statistics have no size past
+//! a join, so it partitioned joins of a few hundred dimension rows, repartitioning
+//! the million-row probe side (q84, q91). A build side with an aggregate or a
+//! window is left as planned: its estimate is a guess.
+//!
+//! Only the sides and modes of joins are chosen here; the order of a chain of inner
+//! joins was chosen on the logical plan ([`super::chain_order`]).
 
 use std::sync::Arc;
 
+use arrow_schema::Schema;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{JoinType, Result as DfResult};
@@ -41,18 +50,25 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{
-    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec, SymmetricHashJoinExec,
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode, SortMergeJoinExec,
+    SymmetricHashJoinExec,
 };
 use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::ExecutionPlan;
+
+use super::scan::passes_rows;
 
 /// A hash join's inputs are swapped when the build side is estimated this many times
 /// larger than the probe side. A margin rather than any difference: the estimates are
 /// rough, and where both inputs are scans `JoinSelection` already compared their exact
 /// byte sizes.
 pub(crate) const SWAP_RATIO: f64 = 2.0;
+
+/// Bytes assumed for a value of a column of no fixed width.
+const VARIABLE_WIDTH: usize = 32;
 
 /// Rows assumed for a leaf operator that reports no row count.
 const UNKNOWN_ROWS: f64 = 1_000_000.0;
@@ -64,8 +80,8 @@ const GROUP_FRACTION: f64 = 0.1;
 /// multiply, and a chain of guesses must not reach zero.
 const MIN_FRACTION: f64 = 1e-3;
 
-/// Swaps hash-join inputs so that the side estimated smaller is built (see the
-/// module docs). A physical optimizer rule, to run after DataFusion's
+/// Swaps hash-join inputs so that the side estimated smaller is built, and collects
+/// small build sides of joined scans (see the module docs). A physical optimizer rule, to run after DataFusion's
 /// `JoinSelection` and before its distribution and sorting requirements are enforced.
 #[derive(Debug, Default)]
 pub(crate) struct JoinOrder;
@@ -79,23 +95,44 @@ impl PhysicalOptimizerRule for JoinOrder {
         if !config.optimizer.join_reordering {
             return Ok(plan);
         }
+        let collect_bytes = config.optimizer.hash_join_single_partition_threshold as f64;
         // Bottom-up, so that a join's inputs have their sides chosen (and their
         // output estimated as they will run) before the join itself.
         plan.transform_up(|node| {
             let Some(join) = node.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));
             };
-            // A null-aware anti join (NOT IN) needs the subquery on its build side.
-            if join.null_aware || !join.join_type().supports_swap() {
-                return Ok(Transformed::no(node));
-            }
             let build = estimate(join.left().as_ref()).rows;
             let probe = estimate(join.right().as_ref()).rows;
-            if build <= SWAP_RATIO * probe {
+            // A null-aware anti join (NOT IN) needs the subquery on its build side.
+            let swap = !join.null_aware
+                && join.join_type().supports_swap()
+                && build > SWAP_RATIO * probe;
+            let (built, built_rows) = if swap {
+                (join.right(), probe)
+            } else {
+                (join.left(), build)
+            };
+            let mode = match join.partition_mode() {
+                PartitionMode::Partitioned
+                    if joins_of_scans(built.as_ref())
+                        && built_rows * row_bytes(&built.schema()) < collect_bytes =>
+                {
+                    PartitionMode::CollectLeft
+                }
+                mode => *mode,
+            };
+            if swap {
+                tracing::debug!(build, probe, join_type = %join.join_type(), "swapping hash join inputs");
+                return Ok(Transformed::yes(join.swap_inputs(mode)?));
+            }
+            if mode == *join.partition_mode() {
                 return Ok(Transformed::no(node));
             }
-            tracing::debug!(build, probe, join_type = %join.join_type(), "swapping hash join inputs");
-            Ok(Transformed::yes(join.swap_inputs(*join.partition_mode())?))
+            tracing::debug!(build, join_type = %join.join_type(), "collecting a small build side");
+            Ok(Transformed::yes(
+                join.builder().with_partition_mode(mode).build_exec()?,
+            ))
         })
         .map(|t| t.data)
     }
@@ -107,6 +144,28 @@ impl PhysicalOptimizerRule for JoinOrder {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Whether `plan` only scans, filters, projects and joins: where the estimates
+/// follow rows through filters and key relationships rather than guessing an
+/// aggregate's groups or a window's output.
+fn joins_of_scans(plan: &dyn ExecutionPlan) -> bool {
+    let own = plan.children().is_empty()
+        || plan.downcast_ref::<HashJoinExec>().is_some()
+        || plan.downcast_ref::<FilterExec>().is_some()
+        || plan.downcast_ref::<ProjectionExec>().is_some()
+        || passes_rows(plan);
+    own && plan.children().iter().all(|c| joins_of_scans(c.as_ref()))
+}
+
+/// Bytes a row of `schema` is assumed to take: fixed-width columns their width,
+/// others (strings) [`VARIABLE_WIDTH`].
+fn row_bytes(schema: &Schema) -> f64 {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().primitive_width().unwrap_or(VARIABLE_WIDTH) as f64)
+        .sum()
 }
 
 /// Estimated output of an operator.
@@ -441,5 +500,82 @@ mod tests {
         let semi = join_estimate(JoinType::LeftSemi, &[fact, filtered]);
         assert_eq!(semi.rows, 10_000.0);
         assert_eq!(semi.base, 1_000_000.0);
+    }
+
+    /// The hash join of `sql` whose probe side reads `fact`, from the unbudgeted
+    /// session with a large dimension `dim3` (20 rows of each of 1,000 categories).
+    fn fact_join(sql: &str) -> Arc<dyn ExecutionPlan> {
+        let session = session();
+        let n = FACT_ROWS as i64;
+        let dim3 = df!(
+            "d3_b" => (0..n).map(|i| i % 50).collect::<Vec<_>>(),
+            "d3_cat" => (0..n).map(|i| i % 1000).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let dim3 = RemoteFrame::from_polars(session.env(), &dim3).unwrap();
+        session.register("dim3", &dim3).unwrap();
+        let (_, physical) = session.plan(sql).unwrap();
+        let mut found = None;
+        physical
+            .apply(|node| {
+                if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+                    if reads_fact(join.right().as_ref()) {
+                        found = Some(node.clone());
+                    }
+                }
+                Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+            })
+            .unwrap();
+        found.unwrap()
+    }
+
+    /// The mode `JoinOrder` gives `join` planned partitioned, at a collect threshold
+    /// of 64 KiB.
+    fn mode_of_partitioned(join: &Arc<dyn ExecutionPlan>) -> PartitionMode {
+        let join = join.downcast_ref::<HashJoinExec>().unwrap();
+        let partitioned = join
+            .builder()
+            .with_partition_mode(PartitionMode::Partitioned)
+            .build_exec()
+            .unwrap();
+        let mut config = ConfigOptions::new();
+        config.optimizer.hash_join_single_partition_threshold = 64 << 10;
+        let planned = JoinOrder.optimize(partitioned, &config).unwrap();
+        *planned
+            .downcast_ref::<HashJoinExec>()
+            .unwrap()
+            .partition_mode()
+    }
+
+    #[test]
+    fn a_partitioned_join_whose_build_side_of_joined_scans_is_estimated_small_is_collected() {
+        // 20 build rows, estimated at 200: DataFusion knows no size past a join and
+        // partitions both sides by key at SF 1 (q84, q91: 36-210 build rows against
+        // 1.9 M probe rows of customer_demographics, repartitioned).
+        let join = fact_join(
+            "SELECT sum(f_x) FROM fact JOIN \
+             (SELECT d3_b AS k, d1_a AS a FROM dim3 JOIN dim1 ON d3_cat = d1_a \
+              WHERE d3_cat = 3) b ON f_b = b.k AND f_a < b.a",
+        );
+        assert_eq!(mode_of_partitioned(&join), PartitionMode::CollectLeft);
+        // The fact table itself is no small build side (20,000 rows of 24 bytes).
+        let join = fact_join(
+            "SELECT sum(f.f_x) FROM fact f JOIN fact g ON f.f_x = g.f_x WHERE f.f_b = g.f_b",
+        );
+        assert_eq!(mode_of_partitioned(&join), PartitionMode::Partitioned);
+        // An aggregate's output is a guess (a tenth of its input): never collected
+        // on this rule's word.
+        let aggregate = AggregateExec::try_new(
+            AggregateMode::Single,
+            datafusion::physical_plan::aggregates::PhysicalGroupBy::default(),
+            vec![],
+            vec![],
+            Arc::new(datafusion::physical_plan::empty::EmptyExec::new(Arc::new(
+                Schema::empty(),
+            ))),
+            Arc::new(Schema::empty()),
+        )
+        .unwrap();
+        assert!(!joins_of_scans(&aggregate));
     }
 }
