@@ -1009,7 +1009,6 @@ impl JoinRun {
             .build()
     }
 
-    /// Runs the wrapped join on a build side in memory and a one-partition probe side.
     /// The output of a partition whose build side is empty, for a join type that
     /// then outputs nothing: the probe side is let go unread. It is polled once
     /// first, so that a repartition below hands this partition's channel over and
@@ -1029,6 +1028,7 @@ impl JoinRun {
         ))
     }
 
+    /// Runs the wrapped join on a build side in memory and a one-partition probe side.
     fn inner_join(
         &self,
         build: HeldBuild,

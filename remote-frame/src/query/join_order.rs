@@ -81,8 +81,9 @@ const GROUP_FRACTION: f64 = 0.1;
 const MIN_FRACTION: f64 = 1e-3;
 
 /// Swaps hash-join inputs so that the side estimated smaller is built, and collects
-/// small build sides of joined scans (see the module docs). A physical optimizer rule, to run after DataFusion's
-/// `JoinSelection` and before its distribution and sorting requirements are enforced.
+/// small build sides of joined scans (see the module docs). A physical optimizer
+/// rule, to run after DataFusion's `JoinSelection` and before its distribution and
+/// sorting requirements are enforced.
 #[derive(Debug, Default)]
 pub(crate) struct JoinOrder;
 
