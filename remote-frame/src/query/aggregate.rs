@@ -60,7 +60,8 @@ use super::grace::{
     Partitioner, SizedBlocks, MAX_LEVEL,
 };
 use super::operator::{
-    budget_bytes, holder_cap, memory_holders, only_child, replace_each, task_context_like,
+    budget_bytes, estimated_row_width, holder_cap, memory_holders, only_child, replace_each,
+    task_context_like,
 };
 use super::owned::{owned_batch, rows_bytes};
 use super::reserved_pool::ReservedPool;
@@ -198,14 +199,7 @@ impl SpillingAggregateExec {
     /// input), from [`SpillingAggregateExec::groups`] and the input's column widths.
     fn groups_cost(&self) -> Option<usize> {
         let groups = self.groups?.div_ceil(self.ways);
-        let width: usize = self
-            .agg
-            .input()
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.data_type().primitive_width().unwrap_or(VARIABLE_WIDTH))
-            .sum();
+        let width = estimated_row_width(self.agg.input().schema().fields(), VARIABLE_WIDTH);
         Some(2usize.saturating_mul(groups).saturating_mul(width))
     }
 

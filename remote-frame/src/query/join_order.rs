@@ -37,7 +37,6 @@
 
 use std::sync::Arc;
 
-use arrow_schema::Schema;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{JoinType, Result as DfResult};
@@ -59,6 +58,7 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::operator::estimated_row_width;
 use super::scan::passes_rows;
 
 /// A hash join's inputs are swapped when the build side is estimated this many times
@@ -117,7 +117,7 @@ impl PhysicalOptimizerRule for JoinOrder {
             let mode = match join.partition_mode() {
                 PartitionMode::Partitioned
                     if joins_of_scans(built.as_ref())
-                        && built_rows * row_bytes(&built.schema()) < collect_bytes =>
+                        && built_rows * row_bytes(built) < collect_bytes =>
                 {
                     PartitionMode::CollectLeft
                 }
@@ -159,14 +159,9 @@ fn joins_of_scans(plan: &dyn ExecutionPlan) -> bool {
     own && plan.children().iter().all(|c| joins_of_scans(c.as_ref()))
 }
 
-/// Bytes a row of `schema` is assumed to take: fixed-width columns their width,
-/// others (strings) [`VARIABLE_WIDTH`].
-fn row_bytes(schema: &Schema) -> f64 {
-    schema
-        .fields()
-        .iter()
-        .map(|f| f.data_type().primitive_width().unwrap_or(VARIABLE_WIDTH) as f64)
-        .sum()
+/// Bytes a row of `plan`'s output is assumed to take (strings [`VARIABLE_WIDTH`]).
+fn row_bytes(plan: &Arc<dyn ExecutionPlan>) -> f64 {
+    estimated_row_width(plan.schema().fields(), VARIABLE_WIDTH) as f64
 }
 
 /// Estimated output of an operator.
@@ -388,6 +383,7 @@ mod tests {
     use crate::frame::RemoteFrame;
     use crate::query::chain_order::ChainOrder;
     use crate::query::QuerySession;
+    use arrow_schema::Schema;
     use datafusion::optimizer::OptimizerRule;
 
     const FACT_ROWS: usize = 20_000;

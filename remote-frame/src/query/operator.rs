@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use arrow_schema::FieldRef;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -16,6 +17,15 @@ use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{ExecutionPlan, PlanProperties, ReplaceChildrenOptions};
 use datafusion::prelude::SessionConfig;
+
+/// Bytes a row of `fields` is estimated to take: a fixed-width column its width,
+/// any other `variable_width` (what its estimate counts a string as).
+pub(crate) fn estimated_row_width(fields: &[FieldRef], variable_width: usize) -> usize {
+    fields
+        .iter()
+        .map(|f| f.data_type().primitive_width().unwrap_or(variable_width))
+        .sum()
+}
 
 /// The one child in `children` of the operator `name` (for its `replace_children`).
 pub(crate) fn only_child(

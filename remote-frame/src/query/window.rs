@@ -37,7 +37,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::operator::{replace_each, replace_wrapped_children};
+use super::operator::{estimated_row_width, replace_each, replace_wrapped_children};
 use super::owned::{compact_views, rows_bytes, take_rows};
 
 /// The most a window reserves before its input runs.
@@ -192,11 +192,9 @@ impl ExecutionPlan for PartitionedWindowExec {
 /// Bytes per row of the last `columns` columns of `schema` (the window columns).
 fn window_row_bytes(schema: &SchemaRef, columns: usize) -> usize {
     let fields = schema.fields();
-    fields
-        .iter()
-        .skip(fields.len().saturating_sub(columns))
-        .map(|f| f.data_type().primitive_width().unwrap_or(16) + 1)
-        .sum()
+    let window = &fields[fields.len().saturating_sub(columns)..];
+    // A byte more a value (its validity).
+    estimated_row_width(window, 16) + window.len()
 }
 
 /// One partition's execution state.
