@@ -56,6 +56,7 @@
 mod aggregate;
 mod aggregate_groups;
 mod chain_order;
+mod distinct_conjuncts;
 mod distributed;
 mod eager_aggregate;
 mod grace;
@@ -103,6 +104,7 @@ use datafusion::execution::memory_pool::{
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::optimizer::{Analyzer, Optimizer};
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable, execute_stream, ExecutionPlan};
@@ -410,10 +412,27 @@ impl QuerySession {
             // SpillingAggregates makes spill by partitioning.
             rules.retain(|r| r.name() != "CombinePartialFinalAggregate");
         }
+        // Decimal division and averages become doubles before type coercion, so
+        // that the expressions over them are coerced to the doubles' type.
+        let mut analyzer_rules = Analyzer::new().rules;
+        let at = analyzer_rules
+            .iter()
+            .position(|r| r.name() == "type_coercion")
+            .unwrap_or(analyzer_rules.len());
+        analyzer_rules.insert(at, Arc::new(numeric::DecimalAsDouble));
+        // Repeated conjuncts go as soon as the filter pushdown has made them.
+        let mut optimizer_rules = Optimizer::new().rules;
+        let at = optimizer_rules
+            .iter()
+            .position(|r| r.name() == "push_down_filter")
+            .map_or(optimizer_rules.len(), |i| i + 1);
+        optimizer_rules.insert(at, Arc::new(distinct_conjuncts::DistinctConjuncts));
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime_env)
             .with_default_features()
+            .with_analyzer_rules(analyzer_rules)
+            .with_optimizer_rules(optimizer_rules)
             .with_physical_optimizer_rules(rules);
         state = state
             .with_physical_optimizer_rule(Arc::new(running::RunningWindows))
@@ -427,7 +446,6 @@ impl QuerySession {
                 .with_physical_optimizer_rule(Arc::new(sort::SpillingSorts));
         }
         let ctx = SessionContext::new_with_state(state.build());
-        ctx.add_analyzer_rule(Arc::new(numeric::DecimalAsDouble));
         ctx.add_optimizer_rule(Arc::new(null_rejection::NullRejectingJoinKeys));
         ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
         ctx.add_optimizer_rule(Arc::new(eager_aggregate::EagerAggregation));
@@ -556,8 +574,11 @@ impl QuerySession {
                 state = builder.build();
             }
             let logical = state.optimize(plan).map_err(query_error)?;
+            // Through the query planner: `SessionState::create_physical_plan` would
+            // run the analyzer and the optimizer again on the optimized plan.
             let mut physical = state
-                .create_physical_plan(&logical)
+                .query_planner()
+                .create_physical_plan(&logical, &state)
                 .await
                 .map_err(query_error)?;
             // A stage's tasks partition the rows of their exchanges themselves; a
@@ -569,7 +590,8 @@ impl QuerySession {
             if let Some(wider) = self.widened_state(&state, physical.as_ref()) {
                 partitions = wider.config().target_partitions();
                 physical = wider
-                    .create_physical_plan(&logical)
+                    .query_planner()
+                    .create_physical_plan(&logical, &wider)
                     .await
                     .map_err(query_error)?;
             }

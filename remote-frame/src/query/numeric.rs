@@ -4,9 +4,11 @@
 //! (`0.0323197...` becomes `0.032318` after a sum of truncated quotients), and
 //! averages a decimal column as a truncated decimal. DuckDB, the engine our answers
 //! are checked against, and most analysts' expectations compute both in double
-//! precision. This analyzer rule runs after type coercion and casts the operands of
-//! a division with a decimal side, and the argument of `avg` over decimals (as an
-//! aggregate or a window function), to `DOUBLE`; output names stay as written.
+//! precision. This analyzer rule casts the operands of a division with a decimal
+//! side, and the argument of `avg` over decimals (as an aggregate or a window
+//! function), to `DOUBLE`; output names stay as written. It runs before type
+//! coercion, which then coerces the expressions over those doubles (a decimal
+//! minus an average) to doubles too.
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
@@ -105,5 +107,54 @@ fn rewrite(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
             Transformed::yes(Expr::WindowFunction(Box::new(WindowFunction { ..*w })))
         }
         other => Transformed::no(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Array, Float64Array};
+    use polars::prelude::df;
+    use scad_core::transport::LocalTransport;
+    use scad_remote_array::MemoryElements;
+
+    use super::*;
+    use crate::env::FrameEnv;
+    use crate::frame::RemoteFrame;
+    use crate::query::QuerySession;
+
+    #[test]
+    fn decimal_quotients_averages_and_arithmetic_over_them_are_doubles() {
+        let elements = Arc::new(MemoryElements::new());
+        elements
+            .add("mem0", Arc::new(LocalTransport::new(16 << 20).unwrap()))
+            .unwrap();
+        let env = FrameEnv::new(elements);
+        let t = df!("x" => [1i64, 2, 4]).unwrap();
+        let session = QuerySession::new(&env).unwrap();
+        session
+            .register("t", &RemoteFrame::from_polars(&env, &t).unwrap())
+            .unwrap();
+        // A decimal quotient would be truncated to 2.333333; the difference of a
+        // decimal sum and a double average needs both coerced to doubles (planned
+        // with type coercion before this rule, it failed at run time).
+        let out = session
+            .sql(
+                "SELECT sum(p) / 3 AS q, avg(p) AS a, sum(p) - avg(p) AS d \
+                 FROM (SELECT CAST(x AS DECIMAL(7, 2)) AS p FROM t)",
+            )
+            .unwrap();
+        let batch = &out.batches()[0];
+        let value = |i: usize| {
+            assert_eq!(batch.column(i).data_type(), &DataType::Float64);
+            let column = batch.column(i).as_any().downcast_ref::<Float64Array>();
+            column.unwrap().value(0)
+        };
+        assert_eq!(value(0), 7.0 / 3.0);
+        assert_eq!(value(1), 7.0 / 3.0);
+        assert_eq!(value(2), 7.0 - 7.0 / 3.0);
     }
 }
