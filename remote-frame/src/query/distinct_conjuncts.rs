@@ -2,14 +2,12 @@
 //!
 //! DataFusion's `PushDownFilter` derives, from a disjunction over several tables, the
 //! part that one join can check early (q13: `(price 100-150 AND dep_count = 3) OR
-//! ...` from the `store_sales ⋈ household_demographics` columns of a three-way OR) and
-//! adds it to that join's filter on every optimizer pass, so a second pass leaves
-//! it there twice, evaluated twice for every joined row. `SimplifyExpressions`
-//! removes the copy at the start of the next pass, before the pushdown adds it
-//! again: the passes alternate and the optimizer stops on a plan with the copy.
-//! [`DistinctConjuncts`] runs after the pushdown in each pass and keeps the first of
-//! equal conjuncts (volatile ones all stay), so a pass that adds nothing new leaves
-//! the plan as the pass before it did and the optimizer stops there.
+//! ...` from the `store_sales ⋈ household_demographics` columns of a three-way OR)
+//! and adds it to that join's filter; a later optimizer pass adds it again, and the
+//! optimizer's passes end with the copy in place (it was gone only when the whole
+//! optimizer ran a second time), evaluated twice for every joined row.
+//! [`DistinctConjuncts`] runs right after the pushdown and keeps the first of equal
+//! conjuncts (volatile ones all stay).
 
 use std::collections::HashSet;
 
