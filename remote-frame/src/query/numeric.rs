@@ -114,33 +114,25 @@ fn rewrite(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::Arc;
-
     use datafusion::arrow::array::{Array, Float64Array};
     use polars::prelude::df;
-    use scad_core::transport::LocalTransport;
-    use scad_remote_array::MemoryElements;
 
     use super::*;
-    use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
+    use crate::query::test_env::local_env;
     use crate::query::QuerySession;
 
     #[test]
     fn decimal_quotients_averages_and_arithmetic_over_them_are_doubles() {
-        let elements = Arc::new(MemoryElements::new());
-        elements
-            .add("mem0", Arc::new(LocalTransport::new(16 << 20).unwrap()))
-            .unwrap();
-        let env = FrameEnv::new(elements);
+        let env = local_env(1, 16 << 20);
         let t = df!("x" => [1i64, 2, 4]).unwrap();
         let session = QuerySession::new(&env).unwrap();
         session
             .register("t", &RemoteFrame::from_polars(&env, &t).unwrap())
             .unwrap();
         // A decimal quotient would be truncated to 2.333333; the difference of a
-        // decimal sum and a double average needs both coerced to doubles (planned
-        // with type coercion before this rule, it failed at run time).
+        // decimal sum and a double average needs both coerced to doubles (with this
+        // rule after type coercion, it failed at run time).
         let out = session
             .sql(
                 "SELECT sum(p) / 3 AS q, avg(p) AS a, sum(p) - avg(p) AS d \
