@@ -5,7 +5,8 @@
 //!
 //! The guard against plans and spilling that blow up: each query's bytes moved and
 //! spill files must stay within twice the figures committed in `tests/bounds.tsv`
-//! (with a small floor). These figures do not depend on the machine, so a change
+//! (with a small floor; a larger one for spill files at the tightest budget, see
+//! [`TIGHTEST_SPILL_FILES_FLOOR`]). These figures do not depend on the machine, so a change
 //! that makes a query spill or read far more fails here, not only in a benchmark.
 //! Every query must also end within its budget, with its spill files freed and
 //! without waiting for them in vain (`QuerySession::release_timeouts`).
@@ -48,6 +49,29 @@ struct Moved {
 /// A figure may grow to twice what was committed, and always to this floor.
 const BYTES_FLOOR: u64 = 1 << 20;
 const SPILL_FILES_FLOOR: u64 = 8;
+
+/// The spill-file floor at the tightest budget ([`TIGHTEST_PERCENT`]). There, which
+/// of the operators running at once gets the budget first depends on how their
+/// threads interleave: q75's union branches hold two join builds of ~160 KB each
+/// while the aggregate above them reads, or do not yet, and in the first case the
+/// aggregate or a join spills a partition file each for a few KB: 3 files in most
+/// runs, 7 to 93 in about one in five (under a CPU load, both before and after the
+/// planner change of 2026-11-28; bytes moved within 15 %). A blow-up such as q24's
+/// 139,014 files is still far beyond it, and the bytes bound is unchanged.
+const TIGHTEST_SPILL_FILES_FLOOR: u64 = 128;
+
+/// The tightest budget the guard runs at, in percent of the largest table.
+const TIGHTEST_PERCENT: u32 = 2;
+
+/// The most spill files a query may write at `pct` % given its committed `figure`.
+fn spill_files_bound(pct: u32, figure: u64) -> u64 {
+    let floor = if pct <= TIGHTEST_PERCENT {
+        TIGHTEST_SPILL_FILES_FLOOR
+    } else {
+        SPILL_FILES_FLOOR
+    };
+    bound(figure, floor)
+}
 
 fn bound(figure: u64, floor: u64) -> u64 {
     (2 * figure).max(floor)
@@ -149,7 +173,7 @@ fn over_bounds(
             continue;
         };
         let max_bytes = bound(b.bytes, BYTES_FLOOR);
-        let max_files = bound(b.spill_files, SPILL_FILES_FLOOR);
+        let max_files = spill_files_bound(key.0, b.spill_files);
         if m.bytes > max_bytes || m.spill_files > max_files {
             over.push(format!(
                 "{}% {}: moved {} bytes in {} spill files; committed {} in {} (bounds {max_bytes}, {max_files})",
@@ -174,7 +198,7 @@ fn all_99_queries_equal_duckdb_and_move_no_more_than_committed_at_three_budgets(
     eprintln!("10 %: {spilled} queries spilled");
     assert!(spilled >= 5, "too few queries spilled at 10 %: {spilled}");
     measured.extend(run_all(25));
-    measured.extend(run_all(2));
+    measured.extend(run_all(TIGHTEST_PERCENT));
     if std::env::var_os("SCAD_SET_BOUNDS").is_some() {
         write_bounds(&measured);
         return;
@@ -221,5 +245,32 @@ fn a_query_moving_far_more_than_committed_is_caught() {
         bytes: BYTES_FLOOR,
         spill_files: SPILL_FILES_FLOOR,
     };
-    assert!(over_bounds(&BTreeMap::from([(key, small)]), &none).is_empty());
+    assert!(over_bounds(&BTreeMap::from([(key.clone(), small)]), &none).is_empty());
+    let more = Moved {
+        bytes: BYTES_FLOOR,
+        spill_files: SPILL_FILES_FLOOR + 1,
+    };
+    assert_eq!(over_bounds(&BTreeMap::from([(key, more)]), &none).len(), 1);
+    // At the tightest budget a query may write the files the interleaving of its
+    // branches decides (q75: 3 committed, 93 seen), but not a blow-up.
+    let tightest = (TIGHTEST_PERCENT, "q75".to_owned());
+    let q75 = BTreeMap::from([(
+        tightest.clone(),
+        Moved {
+            bytes: 2_257_848,
+            spill_files: 3,
+        },
+    )]);
+    let interleaved = Moved {
+        bytes: 2_600_000,
+        spill_files: 93,
+    };
+    assert!(over_bounds(&BTreeMap::from([(tightest.clone(), interleaved)]), &q75).is_empty());
+    let over = over_bounds(&BTreeMap::from([(tightest.clone(), blown)]), &q75);
+    assert_eq!(over.len(), 1, "{over:?}");
+    let more_bytes = Moved {
+        bytes: 5_000_000,
+        spill_files: 3,
+    };
+    assert_eq!(over_bounds(&BTreeMap::from([(tightest, more_bytes)]), &q75).len(), 1);
 }
