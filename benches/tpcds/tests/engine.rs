@@ -272,5 +272,8 @@ fn a_query_moving_far_more_than_committed_is_caught() {
         bytes: 5_000_000,
         spill_files: 3,
     };
-    assert_eq!(over_bounds(&BTreeMap::from([(tightest, more_bytes)]), &q75).len(), 1);
+    assert_eq!(
+        over_bounds(&BTreeMap::from([(tightest, more_bytes)]), &q75).len(),
+        1
+    );
 }
