@@ -18,23 +18,35 @@
 //! - `R` is large next to the tables under `X` (see [`LOOKUP_FANOUT`]),
 //! - the groups `R` adds are about as many as its keys, by the distinct counts of
 //!   its frame's sketches (see [`KEYS_PER_GROUP`]), or the groups hold the keys,
-//! - every aggregate is a plain `sum`, `min`, `max` or `count` of columns of `X`
-//!   (their partial results combine: sums and counts by `sum`, minima by `min`,
-//!   maxima by `max`), and
+//! - every aggregate is a plain `sum`, `min`, `max`, `count` or `avg` of columns of
+//!   `X` (their partial results combine: sums and counts by `sum`, minima by `min`,
+//!   maxima by `max`, an average as the sum of its sums over the sum of its counts;
+//!   `avg` only of integers and floats, whose average is a double), and
 //! - `X` is not an aggregate already, and the aggregate is not one the rule made
 //!   (it takes one step, below the last join of a chain).
+//!
+//! Grouping sets (ROLLUP, CUBE) are rewritten the same way, the early aggregate by
+//! every column of the sets that `X` has: q22 rolls inventory's average quantity up
+//! over four item strings, `ROLLUP(i_product_name, i_brand, i_class, i_category)`,
+//! and hashed those strings five times for each of 2.3 M inventory rows (0.6 s of
+//! its 0.46 s on two cores); averaged per item first, the roll-up sees 18 k rows.
+//! Instead of the lookup's size (items are small) and its groups' fineness (the sets'
+//! coarser groups are the point), what makes it worth it there is that the early
+//! groups are far fewer than `X`'s rows ([`EARLY_SHRINK`]).
 //!
 //! The result is cast back to the original types (a sum of sums is wider) under the
 //! original names, so the plan above does not change.
 
 use std::collections::HashSet;
 
+use arrow_schema::DataType;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result as DfResult};
+use datafusion::functions_aggregate::expr_fn::{count, sum};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{
-    Aggregate, Expr, ExprSchemable, JoinType, LogicalPlan, LogicalPlanBuilder,
+    Aggregate, BinaryExpr, Expr, ExprSchemable, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
@@ -74,6 +86,8 @@ enum Combine {
     Same,
     /// By summing (`count`).
     Sum,
+    /// As the sum of the partial sums over the sum of the partial counts (`avg`).
+    Average,
 }
 
 /// The columns of `plan`'s output.
@@ -119,16 +133,6 @@ const LOOKUP_FANOUT: f64 = 64.0;
 
 /// Whether `r` is large next to the tables under `x` (see [`LOOKUP_FANOUT`]).
 fn is_large_lookup(x: &LogicalPlan, r: &LogicalPlan) -> bool {
-    fn largest_table(plan: &LogicalPlan) -> f64 {
-        match plan {
-            LogicalPlan::TableScan(_) => estimate(plan).1,
-            other => other
-                .inputs()
-                .into_iter()
-                .map(largest_table)
-                .fold(0.0, f64::max),
-        }
-    }
     estimate(r).1 * LOOKUP_FANOUT >= largest_table(x)
 }
 
@@ -168,6 +172,79 @@ fn distinct_count(plan: &LogicalPlan, column: &Column) -> Option<f64> {
     }
 }
 
+/// At least this many rows of the largest table under `X` per early group for an
+/// aggregate by grouping sets to be rewritten (its lookup need not be large): the
+/// early aggregate must shrink what the sets expand.
+const EARLY_SHRINK: f64 = 8.0;
+
+/// The distinct values of `column` in the table it comes from under `plan` (through
+/// joins, filters and projections of plain columns), from its frame's sketches.
+fn distinct_count_below(plan: &LogicalPlan, column: &Column) -> Option<f64> {
+    match plan {
+        LogicalPlan::TableScan(scan) => {
+            if column
+                .relation
+                .as_ref()
+                .is_some_and(|r| r != &scan.table_name)
+            {
+                return None;
+            }
+            distinct_count(plan, column)
+        }
+        LogicalPlan::Projection(p) if is_column_projection(plan) => {
+            distinct_count_below(&p.input, column)
+        }
+        LogicalPlan::Filter(f) => distinct_count_below(&f.input, column),
+        LogicalPlan::Join(j) => {
+            distinct_count_below(&j.left, column).or_else(|| distinct_count_below(&j.right, column))
+        }
+        _ => None,
+    }
+}
+
+/// Whether an aggregate of `x` by `groups` (columns of `x`) has far fewer groups than
+/// the largest table under `x` has rows (see [`EARLY_SHRINK`]): the product of the
+/// groups' distinct counts (columns taken as independent, an upper bound) next to
+/// those rows. False when a count is unknown.
+fn early_aggregate_shrinks(x: &LogicalPlan, groups: &[Expr]) -> bool {
+    let mut counts = groups.iter().map(|g| match g {
+        Expr::Column(c) => distinct_count_below(x, c),
+        _ => None,
+    });
+    let Some(early_groups) = counts.try_fold(1.0, |product: f64, d| Some(product * d?)) else {
+        return false;
+    };
+    early_groups * EARLY_SHRINK <= largest_table(x)
+}
+
+/// The rows of the largest table scanned under `plan` (before filters).
+fn largest_table(plan: &LogicalPlan) -> f64 {
+    match plan {
+        LogicalPlan::TableScan(_) => estimate(plan).1,
+        other => other
+            .inputs()
+            .into_iter()
+            .map(largest_table)
+            .fold(0.0, f64::max),
+    }
+}
+
+/// The columns `aggregate` groups by: its group expressions, or the distinct ones of
+/// its grouping set; `None` if one is not a plain column.
+fn group_columns(aggregate: &Aggregate) -> Option<Vec<Column>> {
+    let exprs: Vec<&Expr> = match aggregate.group_expr.as_slice() {
+        [Expr::GroupingSet(set)] => set.distinct_expr(),
+        plain => plain.iter().collect(),
+    };
+    exprs.into_iter().map(|e| e.try_as_col().cloned()).collect()
+}
+
+/// Whether `avg` of a `dtype` is a double that the sum of its sums over the sum of
+/// its counts gives (integers and floats; a decimal's average is a decimal).
+fn averages_as_double(dtype: &DataType) -> bool {
+    dtype.is_integer() || dtype.is_floating()
+}
+
 fn unaliased(expr: &Expr) -> &Expr {
     match expr {
         Expr::Alias(a) => unaliased(&a.expr),
@@ -201,12 +278,8 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
     if !is_key_join(join, JoinType::Inner) || join.filter.is_some() {
         return Ok(None);
     }
-    let Some(groups) = aggregate
-        .group_expr
-        .iter()
-        .map(|e| e.try_as_col().cloned())
-        .collect::<Option<Vec<Column>>>()
-    else {
+    let grouping_sets = matches!(aggregate.group_expr.as_slice(), [Expr::GroupingSet(_)]);
+    let Some(groups) = group_columns(aggregate) else {
         return Ok(None);
     };
     let Some((left_keys, right_keys)) = join
@@ -235,7 +308,7 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
     } else {
         return Ok(None);
     };
-    if is_aggregate(x) || !is_large_lookup(x, r) {
+    if is_aggregate(x) || (!grouping_sets && !is_large_lookup(x, r)) {
         return Ok(None);
     }
     let (x_columns, r_columns) = (columns(x), columns(r));
@@ -248,7 +321,11 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
     let keys_grouped = [&x_keys, &r_keys]
         .iter()
         .any(|keys| keys.iter().all(|k| groups.contains(k)));
-    if looked_up.is_empty() || !(keys_grouped || groups_as_fine_as_keys(r, &looked_up, &r_keys)) {
+    // Grouping sets hash each row once per set: an early aggregate that shrinks the
+    // rows (checked below) saves that however coarse the groups.
+    if looked_up.is_empty()
+        || !(grouping_sets || keys_grouped || groups_as_fine_as_keys(r, &looked_up, &r_keys))
+    {
         return Ok(None);
     }
     // Every aggregate: a plain decomposable function of X's columns.
@@ -261,6 +338,10 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
         let combine = match func.name() {
             "sum" | "min" | "max" => Combine::Same,
             "count" => Combine::Sum,
+            "avg" => match params.args.as_slice() {
+                [arg] if averages_as_double(&arg.get_type(x.schema())?) => Combine::Average,
+                _ => return Ok(None),
+            },
             _ => return Ok(None),
         };
         if params.distinct
@@ -285,32 +366,40 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
             early_groups.push(e);
         }
     }
+    if grouping_sets && !early_aggregate_shrinks(x, &early_groups) {
+        return Ok(None);
+    }
     let partial_name = |i: usize| format!("{PARTIAL_PREFIX}{i}");
-    let early_aggregates: Vec<Expr> = aggregate
-        .aggr_expr
-        .iter()
-        .enumerate()
-        .map(|(i, e)| unaliased(e).clone().alias(partial_name(i)))
-        .collect();
-    let late_aggregates: Vec<Expr> = parts
-        .iter()
-        .enumerate()
-        .map(|(i, (func, combine))| {
-            let func = match combine {
-                Combine::Same => func.clone(),
-                Combine::Sum => sum_udaf(),
-            };
-            Expr::AggregateFunction(AggregateFunction::new_udf(
-                func,
-                vec![Expr::Column(Column::from_name(partial_name(i)))],
-                false,
-                None,
-                vec![],
-                None,
-            ))
-            .alias(partial_name(i))
-        })
-        .collect();
+    let count_name = |i: usize| format!("{PARTIAL_PREFIX}{i}_count");
+    let partial = |i: usize| Expr::Column(Column::from_name(partial_name(i)));
+    let partial_count = |i: usize| Expr::Column(Column::from_name(count_name(i)));
+    let mut early_aggregates: Vec<Expr> = Vec::new();
+    let mut late_aggregates: Vec<Expr> = Vec::new();
+    for (i, (e, (func, combine))) in aggregate.aggr_expr.iter().zip(&parts).enumerate() {
+        let e = unaliased(e);
+        match combine {
+            Combine::Same | Combine::Sum => {
+                early_aggregates.push(e.clone().alias(partial_name(i)));
+                let func = match combine {
+                    Combine::Same => func.clone(),
+                    _ => sum_udaf(),
+                };
+                let late =
+                    AggregateFunction::new_udf(func, vec![partial(i)], false, None, vec![], None);
+                late_aggregates.push(Expr::AggregateFunction(late).alias(partial_name(i)));
+            }
+            Combine::Average => {
+                let Expr::AggregateFunction(AggregateFunction { params, .. }) = e else {
+                    return Ok(None);
+                };
+                let arg = params.args[0].clone();
+                early_aggregates.push(sum(arg.clone()).alias(partial_name(i)));
+                early_aggregates.push(count(arg).alias(count_name(i)));
+                late_aggregates.push(sum(partial(i)).alias(partial_name(i)));
+                late_aggregates.push(sum(partial_count(i)).alias(count_name(i)));
+            }
+        }
+    }
     let late = LogicalPlanBuilder::from(x.clone())
         .aggregate(early_groups, early_aggregates)?
         .join_with_expr_keys(
@@ -322,17 +411,25 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
             ),
             None,
         )?
-        .aggregate(
-            groups.iter().cloned().map(Expr::Column).collect::<Vec<_>>(),
-            late_aggregates,
-        )?
+        .aggregate(aggregate.group_expr.clone(), late_aggregates)?
         .build()?;
-    // The original output: the groups, then each aggregate as its type and name.
+    // The original output: the groups (and a grouping set's id), then each aggregate
+    // as its type and name.
     let original = aggregate.schema.as_ref();
-    let mut output: Vec<Expr> = groups.iter().cloned().map(Expr::Column).collect();
-    for i in 0..aggregate.aggr_expr.len() {
-        let field = original.field(groups.len() + i);
-        let value = Expr::Column(Column::from_name(partial_name(i)));
+    let group_fields = original.fields().len() - aggregate.aggr_expr.len();
+    let mut output: Vec<Expr> = (0..group_fields)
+        .map(|j| Expr::Column(Column::from(late.schema().qualified_field(j))))
+        .collect();
+    for (i, (_, combine)) in parts.iter().enumerate() {
+        let field = original.field(group_fields + i);
+        let value = match combine {
+            Combine::Average => Expr::BinaryExpr(BinaryExpr::new(
+                Box::new(partial(i).cast_to(&DataType::Float64, late.schema())?),
+                Operator::Divide,
+                Box::new(partial_count(i).cast_to(&DataType::Float64, late.schema())?),
+            )),
+            _ => partial(i),
+        };
         let value = if value.get_type(late.schema())? == *field.data_type() {
             value
         } else {
@@ -470,5 +567,98 @@ mod tests {
             (0..total.len()).filter_map(|i| total.get(i)).sum::<i64>(),
             (0..20_000i64).map(|i| i % 97).sum::<i64>()
         );
+    }
+
+    #[test]
+    fn a_rollup_over_a_small_lookup_is_averaged_per_key_before_the_join() {
+        let env = local_env(1, 64 << 20);
+        let session = QuerySession::new(&env).unwrap();
+        // q22's shape: inventory by item and day, a filtered range of days, items'
+        // strings rolled up; some quantities unknown.
+        let quantity = |i: i64| (i % 11 != 0).then_some(i % 37);
+        let inventory = df!(
+            "inv_item" => (0..40_000i64).map(|i| i % 200).collect::<Vec<_>>(),
+            "inv_day" => (0..40_000i64).map(|i| i % 100).collect::<Vec<_>>(),
+            "inv_qty" => (0..40_000i64).map(quantity).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let day = df!(
+            "d_day" => (0..100i64).collect::<Vec<_>>(),
+            "d_month" => (0..100i64).map(|d| d / 10).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let item = df!(
+            "i_sk" => (0..200i64).collect::<Vec<_>>(),
+            "i_brand" => (0..200i64).map(|i| format!("b{}", i % 20)).collect::<Vec<_>>(),
+            "i_cat" => (0..200i64).map(|i| format!("c{}", i % 4)).collect::<Vec<_>>()
+        )
+        .unwrap();
+        for (name, frame) in [("inv", inventory), ("day", day), ("item", item)] {
+            session
+                .register(name, &RemoteFrame::from_polars(&env, &frame).unwrap())
+                .unwrap();
+        }
+        let sql = "SELECT i_cat, i_brand, avg(inv_qty) AS qoh, count(*) AS n, \
+                   max(inv_qty) AS hi \
+                   FROM inv, day, item \
+                   WHERE inv_day = d_day AND inv_item = i_sk AND d_month BETWEEN 2 AND 6 \
+                   GROUP BY ROLLUP(i_cat, i_brand) \
+                   ORDER BY i_cat NULLS FIRST, i_brand NULLS FIRST";
+        let plan = session.explain(sql).unwrap();
+        assert_eq!(final_aggregates(&plan), 2, "{plan}");
+        let got = session.sql(sql).unwrap().to_polars().unwrap();
+        // By hand: (sum, count) of the known quantities, rows, largest quantity, for
+        // (category, brand), (category) and all.
+        type Sums = (i64, i64, i64, Option<i64>);
+        let mut want: std::collections::BTreeMap<(Option<String>, Option<String>), Sums> =
+            std::collections::BTreeMap::new();
+        for i in (0..40_000i64).filter(|i| (2..=6).contains(&((i % 100) / 10))) {
+            let (cat, brand) = (
+                format!("c{}", (i % 200) % 4),
+                format!("b{}", (i % 200) % 20),
+            );
+            for key in [
+                (Some(cat.clone()), Some(brand)),
+                (Some(cat), None),
+                (None, None),
+            ] {
+                let e = want.entry(key).or_insert((0, 0, 0, None));
+                if let Some(q) = quantity(i) {
+                    e.0 += q;
+                    e.1 += 1;
+                    e.3 = Some(e.3.map_or(q, |h: i64| h.max(q)));
+                }
+                e.2 += 1;
+            }
+        }
+        assert_eq!(got.height(), want.len());
+        let cat = got.column("i_cat").unwrap().str().unwrap();
+        let brand = got.column("i_brand").unwrap().str().unwrap();
+        let qoh = got.column("qoh").unwrap().f64().unwrap();
+        let n = got.column("n").unwrap().i64().unwrap();
+        let hi = got.column("hi").unwrap().i64().unwrap();
+        for (row, ((c, b), (sum, known, rows, most))) in want.iter().enumerate() {
+            assert_eq!(cat.get(row), c.as_deref(), "row {row}");
+            assert_eq!(brand.get(row), b.as_deref(), "row {row}");
+            let average = *sum as f64 / *known as f64;
+            let got = qoh.get(row).unwrap();
+            assert!(
+                (got - average).abs() <= 1e-9 * average,
+                "row {row}: {got} vs {average}"
+            );
+            assert_eq!(n.get(row), Some(*rows));
+            assert_eq!(hi.get(row), *most);
+        }
+        // Types as before the rewrite.
+        assert_eq!(
+            got.column("qoh").unwrap().dtype(),
+            &polars::prelude::DataType::Float64
+        );
+        // Early groups as many as the rows under them (by item and day: 20 k of
+        // 40 k) shrink nothing: the roll-up stays above the join.
+        let by_day = "SELECT i_cat, inv_day, avg(inv_qty) AS qoh FROM inv, item \
+                      WHERE inv_item = i_sk GROUP BY ROLLUP(i_cat, inv_day)";
+        let plan = session.explain(by_day).unwrap();
+        assert_eq!(final_aggregates(&plan), 1, "{plan}");
     }
 }
