@@ -1932,6 +1932,37 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_scan_drops_rows_outside_the_build_keys_when_few_pass() {
+        // b_val takes every value of 0..999 in every chunk: no chunk can be skipped.
+        // `b_pad < 300` keeps build keys 0..99, so a tenth of the probe rows can
+        // match: the scan drops the others itself (the join would have probed them).
+        let sql = "SELECT a.b_key, b.b_key AS probe FROM big a JOIN big b ON a.b_key = b.b_val \
+                   WHERE a.b_pad < 300";
+        let matching = (0..ROWS).filter(|i| i * 7 % 1000 < 100).count();
+        let (env, frames) = env_and_frames();
+        for budget in [None, Some(64 << 20)] {
+            let (out, got) = run(&env, &frames, budget, sql);
+            assert_eq!(got.height(), matching);
+            let probe = got.column("probe").unwrap().i64().unwrap();
+            assert!((0..probe.len()).all(|i| probe.get(i).is_some_and(|k| k * 7 % 1000 < 100)));
+            assert_eq!(chunks_pruned(&out), 0, "{}", out.explain_analyze());
+            let dropped = plan_metric(&out, "rows_filtered", "RemoteScanExec");
+            assert_eq!(
+                dropped,
+                ROWS as usize - matching,
+                "{}",
+                out.explain_analyze()
+            );
+        }
+        // Keys 0..999 pass every probe row: nothing is dropped (nor copied).
+        let all = "SELECT a.b_key, b.b_key AS probe FROM big a JOIN big b ON a.b_key = b.b_val \
+                   WHERE a.b_pad < 3000";
+        let (out, got) = run(&env, &frames, Some(64 << 20), all);
+        assert_eq!(got.height(), ROWS as usize);
+        assert_eq!(plan_metric(&out, "rows_filtered", "RemoteScanExec"), 0);
+    }
+
+    #[test]
     fn a_hybrid_join_publishes_bounds_over_all_its_partitions() {
         // Keys 0..9,999 built (30,000 rows of big filtered on b_pad, too many for
         // the budget): a hybrid join, whose in-memory partitions alone would give

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64Array};
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::compute::{cast, filter_record_batch};
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::cast::as_boolean_array;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
 use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, Statistics};
@@ -198,7 +199,9 @@ impl TableProvider for RemoteTable {
 
 /// Reads a frame's projected columns: chunks are split over the partitions in
 /// contiguous ranges, and each chunk read is one vectored read per memory element.
-/// Chunks that dynamic filters pushed down from joins exclude are skipped.
+/// Chunks that dynamic filters pushed down from joins exclude are skipped, and the
+/// rows they exclude are dropped from the chunks read when few pass (see
+/// [`ROW_FILTER_MOST_KEPT`]).
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteScanExec {
     frame: RemoteFrame,
@@ -486,6 +489,7 @@ pub(crate) fn chunk_stream(
     let baseline = BaselineMetrics::new(metrics, partition);
     let bytes_read: Count = MetricBuilder::new(metrics).counter("bytes_read", partition);
     let chunks_pruned: Count = MetricBuilder::new(metrics).counter("chunks_pruned", partition);
+    let rows_filtered: Count = MetricBuilder::new(metrics).counter("rows_filtered", partition);
     let reads: Count = MetricBuilder::new(metrics).counter("reads", partition);
     let schema = reader.schema.clone();
     let state = ScanState {
@@ -498,6 +502,8 @@ pub(crate) fn chunk_stream(
         bytes_read,
         pruning,
         chunks_pruned,
+        rows_filtered,
+        row_filter: None,
         reads,
         ahead: None,
     };
@@ -634,6 +640,10 @@ struct ScanState {
     bytes_read: Count,
     pruning: Option<ChunkPruning>,
     chunks_pruned: Count,
+    /// Rows read that the dynamic filters dropped.
+    rows_filtered: Count,
+    /// The dynamic filters as they stood when the last group of chunks arrived.
+    row_filter: Option<RowFilters>,
     /// Reads of groups of chunks.
     reads: Count,
     /// The read of the next group, started when the one before it arrived, so that
@@ -696,6 +706,88 @@ impl ChunkPruning {
             .as_ref()
             .is_none_or(|k| k.get(chunk).copied().unwrap_or(true))
     }
+
+    /// The filters as they stand now, to drop rows with (`None`: none has been set
+    /// by its join yet, or one cannot be read now).
+    fn rows_filter(&self) -> Option<RowFilters> {
+        let set: Vec<_> = self
+            .filters
+            .iter()
+            .filter(|f| snapshot_generation(f) != 0)
+            .map(|f| snapshot_physical_expr(f.clone()))
+            .collect::<DfResult<_>>()
+            .ok()?;
+        (!set.is_empty()).then(|| RowFilters {
+            kept: vec![ROW_FILTER_MOST_KEPT; set.len()],
+            filters: set,
+        })
+    }
+}
+
+/// The dynamic filters a scan drops rows with, each with the fraction of rows it
+/// kept in the last batch it was evaluated on: the one that kept fewest goes first,
+/// and the others see only what it kept (q61's five filters, each over all of
+/// store_sales' rows, cost more than the joins they spared).
+#[derive(Debug)]
+struct RowFilters {
+    filters: Vec<Arc<dyn PhysicalExpr>>,
+    kept: Vec<f64>,
+}
+
+/// The most of a batch's rows a dynamic filter may keep for the scan to drop the
+/// others itself: the join above drops them anyway, and copying out most of the rows
+/// costs more than probing the few it saves. A filter that keeps few (a month of
+/// dates out of five years: q55's 2.9 M store_sales rows, in chunks that each span
+/// every date) saves the hash probes, projections and repartitions of the rest.
+const ROW_FILTER_MOST_KEPT: f64 = 0.25;
+
+/// A batch through [`RowFilters::apply`].
+enum Filtered {
+    /// The rows the filters keep.
+    Rows(RecordBatch),
+    /// None kept.
+    Empty,
+    /// The batch as it was: each filter keeps too many of its rows to be worth
+    /// applying, or cannot be evaluated on it (the joins above check every row).
+    Unselective(RecordBatch),
+}
+
+impl RowFilters {
+    /// `batch` without the rows the filters exclude, each filter applied if it keeps
+    /// few of the rows left (see [`ROW_FILTER_MOST_KEPT`]). Counts the rows dropped.
+    fn apply(&mut self, batch: RecordBatch, dropped: &Count) -> DfResult<Filtered> {
+        let mut order: Vec<usize> = (0..self.filters.len()).collect();
+        order.sort_by(|&a, &b| self.kept[a].total_cmp(&self.kept[b]));
+        let mut batch = batch;
+        let mut applied = false;
+        for i in order {
+            let rows = batch.num_rows();
+            let Ok(mask) = self.filters[i]
+                .evaluate(&batch)
+                .and_then(|v| v.into_array(rows))
+            else {
+                continue;
+            };
+            let Ok(mask) = as_boolean_array(&mask) else {
+                continue;
+            };
+            let kept = mask.true_count();
+            self.kept[i] = kept as f64 / rows.max(1) as f64;
+            if self.kept[i] > ROW_FILTER_MOST_KEPT {
+                continue;
+            }
+            dropped.add(rows - kept);
+            if kept == 0 {
+                return Ok(Filtered::Empty);
+            }
+            batch = filter_record_batch(&batch, mask)?;
+            applied = true;
+        }
+        Ok(match applied {
+            true => Filtered::Rows(batch),
+            false => Filtered::Unselective(batch),
+        })
+    }
 }
 
 impl ScanState {
@@ -730,6 +822,24 @@ impl ScanState {
                 return None;
             }
             if let Some(b) = self.pending.pop_front() {
+                // Rows are dropped only without a limit: under one, the rows handed
+                // on are the first rows of the scan.
+                let b = match (&mut self.row_filter, self.left) {
+                    (Some(filters), None) => match filters.apply(b, &self.rows_filtered) {
+                        Ok(Filtered::Rows(b)) => b,
+                        Ok(Filtered::Empty) => continue,
+                        // Not worth it: the rest of this group goes on unfiltered.
+                        Ok(Filtered::Unselective(b)) => {
+                            self.row_filter = None;
+                            b
+                        }
+                        Err(e) => {
+                            self.failed = true;
+                            return Some((Err(e), self));
+                        }
+                    },
+                    _ => b,
+                };
                 let b = match self.left {
                     Some(l) if b.num_rows() > l => b.slice(0, l),
                     _ => b,
@@ -742,6 +852,7 @@ impl ScanState {
             let group = self.ahead.take().or_else(|| self.start_read())?;
             match group.read.await {
                 Ok(Ok(batches)) => {
+                    self.row_filter = self.pruning.as_ref().and_then(ChunkPruning::rows_filter);
                     self.bytes_read.add(group.bytes as usize);
                     self.reads.add(1);
                     self.pending.extend(batches);
