@@ -118,13 +118,14 @@ impl PhysicalOptimizerRule for SpillingJoins {
             };
             // The wrapped join may see only some partitions of the build side, or
             // swapped roles: the wrapper publishes the probe keys' bounds itself.
+            let repartitioned = *copy.partition_mode() == PartitionMode::Partitioned;
             let mut wrapped = SpillingHashJoinExec::new(Arc::new(copy), sole);
             let mut reporters = wrapped.ways;
             if shared {
                 wrapped.shared = Some(Arc::new(SharedBuild::new(wrapped.ways)));
                 reporters = 1;
             }
-            wrapped.key_filter = JoinKeyFilter::of(join, reporters).map(Arc::new);
+            wrapped.key_filter = JoinKeyFilter::of(join, reporters, repartitioned).map(Arc::new);
             Ok(Some(Arc::new(wrapped) as _))
         })
     }
