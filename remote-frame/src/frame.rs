@@ -330,6 +330,22 @@ impl RemoteFrame {
         cols: &[usize],
         list: &[usize],
     ) -> Result<Vec<RecordBatch>> {
+        let batch_schema = self.arrow_schema_of(cols)?;
+        self.fetch_chunk_list(cols, list)?
+            .into_iter()
+            .map(|f| self.decode_fetched(f, &batch_schema))
+            .collect()
+    }
+
+    /// Reads chunks `list` (indices, any order) of columns `cols` (schema indices)
+    /// as stored, one read per memory element, in `list`'s order: to decode with
+    /// [`RemoteFrame::decode_fetched`] when wanted (a chunk stored takes a fraction
+    /// of the memory it takes decoded).
+    pub(crate) fn fetch_chunk_list(
+        &self,
+        cols: &[usize],
+        list: &[usize],
+    ) -> Result<Vec<FetchedChunk>> {
         self.check_live()?;
         let chunks = list
             .iter()
@@ -343,7 +359,6 @@ impl RemoteFrame {
             })
             .collect::<Result<Vec<_>>>()?;
         let schema = &self.meta.schema;
-        let batch_schema = self.arrow_schema_of(cols)?;
         // Typed destinations for every buffer wanted.
         let mut dests: Vec<Vec<Vec<codec::Dest>>> = chunks
             .iter()
@@ -399,27 +414,66 @@ impl RemoteFrame {
         };
         by_element.into_iter().try_for_each(read_one)?;
         env.add_in(total);
-        // A batch per chunk, its columns' arrays built from the filled buffers.
-        chunks
+        Ok(list
             .iter()
             .zip(dests)
-            .map(|(ch, cd)| {
-                let rows = ch.rows as usize;
-                let arrays = cols
-                    .iter()
-                    .zip(cd)
-                    .map(|(&i, ds)| {
-                        let c = &schema[i];
-                        codec::decode(&c.name, c.dtype, rows, &ch.columns[i], ds)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(RecordBatch::try_new_with_options(
-                    batch_schema.clone(),
-                    arrays,
-                    &RecordBatchOptions::new().with_row_count(Some(rows)),
-                )?)
+            .map(|(&chunk, buffers)| FetchedChunk {
+                chunk,
+                cols: cols.to_vec(),
+                buffers,
             })
-            .collect()
+            .collect())
+    }
+
+    /// The record batch of a chunk fetched by [`RemoteFrame::fetch_chunk_list`]
+    /// (`schema`: [`RemoteFrame::arrow_schema_of`] its columns).
+    ///
+    /// # Errors
+    /// [`Error::Meta`] for stored buffers that do not make their column's type.
+    pub(crate) fn decode_fetched(
+        &self,
+        f: FetchedChunk,
+        schema: &SchemaRef,
+    ) -> Result<RecordBatch> {
+        let ch = self.meta.chunks.get(f.chunk).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "chunk {} of a frame of {} chunks",
+                f.chunk,
+                self.meta.chunks.len()
+            ))
+        })?;
+        let rows = ch.rows as usize;
+        let arrays = f
+            .cols
+            .iter()
+            .zip(f.buffers)
+            .map(|(&i, ds)| {
+                let c = &self.meta.schema[i];
+                codec::decode(&c.name, c.dtype, rows, &ch.columns[i], ds)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new_with_options(
+            schema.clone(),
+            arrays,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?)
+    }
+}
+
+/// A chunk's columns as stored, read by [`RemoteFrame::fetch_chunk_list`].
+pub(crate) struct FetchedChunk {
+    /// The chunk's index in its frame.
+    chunk: usize,
+    /// The columns read (schema indices).
+    cols: Vec<usize>,
+    /// Per column, its stored buffers.
+    buffers: Vec<Vec<codec::Dest>>,
+}
+
+impl FetchedChunk {
+    /// The chunk's index in its frame.
+    pub(crate) fn chunk(&self) -> usize {
+        self.chunk
     }
 }
 

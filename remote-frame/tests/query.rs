@@ -384,17 +384,27 @@ fn scans_read_chunks_in_groups_within_the_budget() {
     assert_eq!(f.frames[0].1.chunk_count(), 25);
     let sql = "SELECT sum(qty) AS s FROM fact";
     let unlimited = f.session_with(None, Some(1)).sql(sql).unwrap();
-    // Eight chunks a read: one hand-off and one read per memory element for them.
+    // All 25 in one read (32 at most): one hand-off and one read per memory element.
     assert_eq!(
         scan_reads(&unlimited.explain_analyze()),
-        4,
+        1,
         "{}",
         unlimited.explain_analyze()
     );
-    // A budget whose thirty-second is less than a chunk of `qty` (32 KiB): a chunk
-    // a read, as the rows read wait outside the budget's accounting.
-    let small = f.session_with(Some(0.1), Some(1));
-    let out = small.sql(sql).unwrap();
+    // A group is a sixty-fourth of the budget in stored bytes: two and a half
+    // chunks' worth takes three chunks a read.
+    let chunk = unlimited.stats().scan_bytes as f64 / 25.0;
+    let with_budget = |bytes: f64| f.session_with(Some(bytes / f.input_bytes as f64), Some(1));
+    let out = with_budget(64.0 * 2.5 * chunk).sql(sql).unwrap();
+    assert_eq!(
+        scan_reads(&out.explain_analyze()),
+        9,
+        "{}",
+        out.explain_analyze()
+    );
+    // A sixty-fourth less than a chunk as stored: a chunk a read, as the chunks read
+    // wait outside the budget's accounting.
+    let out = with_budget(64.0 * 0.5 * chunk).sql(sql).unwrap();
     assert_eq!(scan_reads(&out.explain_analyze()), 25);
     assert_same(
         &out.to_polars().unwrap(),
