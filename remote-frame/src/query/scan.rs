@@ -4,21 +4,25 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64Array};
-use arrow_schema::SchemaRef;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Date32Type, Int32Type, Int64Type};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt64Array};
+use arrow_buffer::{BooleanBuffer, Buffer};
+use arrow_schema::{DataType, SchemaRef};
 use async_trait::async_trait;
 use datafusion::arrow::compute::{cast, filter_record_batch};
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::cast::as_boolean_array;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
-use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, Statistics};
+use datafusion::common::{DFSchema, DataFusionError, Result as DfResult, ScalarValue, Statistics};
 use datafusion::datasource::TableType;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::Operator;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
 use datafusion::physical_expr::{conjunction_opt, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_expr_common::physical_expr::{
     snapshot_generation, snapshot_physical_expr,
@@ -812,13 +816,17 @@ impl RowFilters {
         let mut applied = false;
         for i in order {
             let rows = batch.num_rows();
-            let Ok(mask) = self.filters[i]
-                .evaluate(&batch)
-                .and_then(|v| v.into_array(rows))
-            else {
-                continue;
+            let evaluated = match range_mask(&self.filters[i], &batch) {
+                Some(mask) => Arc::new(mask) as ArrayRef,
+                None => match self.filters[i]
+                    .evaluate(&batch)
+                    .and_then(|v| v.into_array(rows))
+                {
+                    Ok(mask) => mask,
+                    Err(_) => continue,
+                },
             };
-            let Ok(mask) = as_boolean_array(&mask) else {
+            let Ok(mask) = as_boolean_array(&evaluated) else {
                 continue;
             };
             let kept = mask.true_count();
@@ -838,6 +846,82 @@ impl RowFilters {
             false => Filtered::Unselective(batch),
         })
     }
+}
+
+/// `filter` on `batch` when it is a join's key range, `key >= lo AND key <= hi` over
+/// an integer or date column: one pass and one unsigned comparison a row,
+/// `(key - lo) as u64 <= hi - lo`, where evaluating it as written takes two
+/// comparison kernels and an AND (arrow's comparison kernel was 15 % of q96's
+/// profile). Null keys are not kept, as the filter keeps none. `None`: another filter.
+fn range_mask(filter: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Option<BooleanArray> {
+    let and = filter.downcast_ref::<BinaryExpr>()?;
+    if *and.op() != Operator::And {
+        return None;
+    }
+    let (column, Operator::GtEq, lo) = key_bound(and.left())? else {
+        return None;
+    };
+    let (upper_column, Operator::LtEq, hi) = key_bound(and.right())? else {
+        return None;
+    };
+    if column != upper_column {
+        return None;
+    }
+    let array = batch.columns().get(column)?;
+    let bits = match array.data_type() {
+        DataType::Int64 => in_range(array.as_primitive::<Int64Type>().values(), lo, hi),
+        DataType::Int32 => in_range(array.as_primitive::<Int32Type>().values(), lo, hi),
+        DataType::Date32 => in_range(array.as_primitive::<Date32Type>().values(), lo, hi),
+        _ => return None,
+    };
+    let bits = match array.nulls() {
+        Some(valid) => &bits & valid.inner(),
+        None => bits,
+    };
+    Some(BooleanArray::new(bits, None))
+}
+
+/// Whether each of `values` lies within `lo..=hi`.
+fn in_range<T: Copy + Into<i64>>(values: &[T], lo: i64, hi: i64) -> BooleanBuffer {
+    if hi < lo {
+        return BooleanBuffer::new_unset(values.len());
+    }
+    let span = hi.wrapping_sub(lo) as u64;
+    let inside = |v: T| v.into().wrapping_sub(lo) as u64 <= span;
+    // Whole words of 64 rows in a loop of fixed length, which the compiler vectorizes
+    // (arrow's `collect_bool` builds them a bit at a time: 9 % of q96's profile).
+    let mut words = Vec::with_capacity(values.len().div_ceil(64));
+    let whole = values.chunks_exact(64);
+    let rest = whole.remainder();
+    for chunk in whole {
+        let mut word = 0u64;
+        for (bit, &v) in chunk.iter().enumerate() {
+            word |= u64::from(inside(v)) << bit;
+        }
+        words.push(word);
+    }
+    if !rest.is_empty() {
+        let mut word = 0u64;
+        for (bit, &v) in rest.iter().enumerate() {
+            word |= u64::from(inside(v)) << bit;
+        }
+        words.push(word);
+    }
+    BooleanBuffer::new(Buffer::from_vec(words), 0, values.len())
+}
+
+/// `column op literal` for a column of the batch and an integer or date literal, the
+/// literal as an i64.
+fn key_bound(expr: &Arc<dyn PhysicalExpr>) -> Option<(usize, Operator, i64)> {
+    let b = expr.downcast_ref::<BinaryExpr>()?;
+    let column = b.left().downcast_ref::<Column>()?;
+    let literal = b.right().downcast_ref::<Literal>()?;
+    let value = match literal.value() {
+        ScalarValue::Int64(Some(v)) => *v,
+        ScalarValue::Int32(Some(v)) | ScalarValue::Date32(Some(v)) => i64::from(*v),
+        _ => return None,
+    };
+    Some((column.index(), *b.op(), value))
 }
 
 impl ScanState {
@@ -956,5 +1040,152 @@ impl ScanState {
             reader.read(&group)
         });
         Some(GroupRead { read, bytes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::StringArray;
+    use arrow_array::{
+        Array, ArrayRef, BooleanArray, Date32Array, Int32Array, Int64Array, RecordBatch,
+    };
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{lit, BinaryExpr, Column};
+    use datafusion::physical_expr::PhysicalExpr;
+
+    use super::range_mask;
+
+    fn batch(columns: Vec<ArrayRef>) -> RecordBatch {
+        RecordBatch::try_from_iter(
+            columns
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| (format!("c{i}"), c)),
+        )
+        .unwrap()
+    }
+
+    fn bound(column: usize, op: Operator, value: ScalarValue) -> Arc<dyn PhysicalExpr> {
+        let name = format!("c{column}");
+        Arc::new(BinaryExpr::new(
+            Arc::new(Column::new(&name, column)),
+            op,
+            lit(value),
+        ))
+    }
+
+    fn range(column: usize, lo: ScalarValue, hi: ScalarValue) -> Arc<dyn PhysicalExpr> {
+        Arc::new(BinaryExpr::new(
+            bound(column, Operator::GtEq, lo),
+            Operator::And,
+            bound(column, Operator::LtEq, hi),
+        ))
+    }
+
+    /// What a filter keeps of `b` evaluated as written: nulls are not kept.
+    fn as_written(filter: &Arc<dyn PhysicalExpr>, b: &RecordBatch) -> Vec<bool> {
+        let v = filter
+            .evaluate(b)
+            .unwrap()
+            .into_array(b.num_rows())
+            .unwrap();
+        let v = v.as_any().downcast_ref::<BooleanArray>().unwrap();
+        (0..v.len()).map(|i| v.is_valid(i) && v.value(i)).collect()
+    }
+
+    fn kept(mask: &BooleanArray) -> Vec<bool> {
+        assert_eq!(mask.null_count(), 0);
+        (0..mask.len()).map(|i| mask.value(i)).collect()
+    }
+
+    #[test]
+    fn a_key_range_keeps_what_the_filter_as_written_keeps() {
+        // 200 rows (three whole words and a part), nulls, the extremes of i64.
+        let mut values: Vec<Option<i64>> = (0..200)
+            .map(|i| (i % 7 != 3).then_some((i * 37 % 101) - 20))
+            .collect();
+        values[5] = Some(i64::MIN);
+        values[6] = Some(i64::MAX);
+        let b = batch(vec![
+            Arc::new(Int64Array::from(values.clone())),
+            Arc::new(Int32Array::from(
+                values
+                    .iter()
+                    .map(|v| v.map(|v| v as i32))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(Date32Array::from(
+                values
+                    .iter()
+                    .map(|v| v.map(|v| v as i32))
+                    .collect::<Vec<_>>(),
+            )),
+        ]);
+        for (lo, hi) in [(0, 10), (-20, 80), (11, 10), (i64::MIN, i64::MAX), (50, 50)] {
+            let filter = range(
+                0,
+                ScalarValue::Int64(Some(lo)),
+                ScalarValue::Int64(Some(hi)),
+            );
+            let mask = range_mask(&filter, &b).expect("a key range");
+            assert_eq!(kept(&mask), as_written(&filter, &b), "{lo}..={hi}");
+        }
+        let filter = range(
+            1,
+            ScalarValue::Int32(Some(-3)),
+            ScalarValue::Int32(Some(40)),
+        );
+        let mask = range_mask(&filter, &b).expect("an Int32 key range");
+        assert_eq!(kept(&mask), as_written(&filter, &b));
+        let filter = range(
+            2,
+            ScalarValue::Date32(Some(0)),
+            ScalarValue::Date32(Some(30)),
+        );
+        let mask = range_mask(&filter, &b).expect("a date range");
+        assert_eq!(kept(&mask), as_written(&filter, &b));
+        assert!(kept(&mask).iter().any(|&k| k) && kept(&mask).iter().any(|&k| !k));
+    }
+
+    #[test]
+    fn other_filters_are_evaluated_as_written() {
+        let b = batch(vec![
+            Arc::new(Int64Array::from(vec![1, 2, 3])),
+            Arc::new(Int64Array::from(vec![4, 5, 6])),
+            Arc::new(StringArray::from(vec!["a", "b", "c"])),
+        ]);
+        let one = |v| ScalarValue::Int64(Some(v));
+        // Strict bounds, the bounds the other way round, two columns, a string column.
+        let strict = Arc::new(BinaryExpr::new(
+            bound(0, Operator::Gt, one(1)),
+            Operator::And,
+            bound(0, Operator::LtEq, one(2)),
+        )) as Arc<dyn PhysicalExpr>;
+        let reversed = Arc::new(BinaryExpr::new(
+            bound(0, Operator::LtEq, one(2)),
+            Operator::And,
+            bound(0, Operator::GtEq, one(1)),
+        )) as Arc<dyn PhysicalExpr>;
+        let two_columns = Arc::new(BinaryExpr::new(
+            bound(0, Operator::GtEq, one(1)),
+            Operator::And,
+            bound(1, Operator::LtEq, one(5)),
+        )) as Arc<dyn PhysicalExpr>;
+        let strings = range(
+            2,
+            ScalarValue::Utf8(Some("a".into())),
+            ScalarValue::Utf8(Some("b".into())),
+        );
+        let or = Arc::new(BinaryExpr::new(
+            bound(0, Operator::GtEq, one(1)),
+            Operator::Or,
+            bound(0, Operator::LtEq, one(2)),
+        )) as Arc<dyn PhysicalExpr>;
+        for filter in [strict, reversed, two_columns, strings, or] {
+            assert!(range_mask(&filter, &b).is_none(), "{filter}");
+        }
     }
 }
