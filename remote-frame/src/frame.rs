@@ -333,7 +333,7 @@ impl RemoteFrame {
         let batch_schema = self.arrow_schema_of(cols)?;
         self.fetch_chunk_list(cols, list)?
             .into_iter()
-            .map(|f| self.decode_fetched(f, &batch_schema))
+            .map(|f| self.decode_fetched(f, cols, &batch_schema))
             .collect()
     }
 
@@ -417,22 +417,19 @@ impl RemoteFrame {
         Ok(list
             .iter()
             .zip(dests)
-            .map(|(&chunk, buffers)| FetchedChunk {
-                chunk,
-                cols: cols.to_vec(),
-                buffers,
-            })
+            .map(|(&chunk, buffers)| FetchedChunk { chunk, buffers })
             .collect())
     }
 
-    /// The record batch of a chunk fetched by [`RemoteFrame::fetch_chunk_list`]
-    /// (`schema`: [`RemoteFrame::arrow_schema_of`] its columns).
+    /// The record batch of a chunk fetched by [`RemoteFrame::fetch_chunk_list`] with
+    /// columns `cols` (`schema`: [`RemoteFrame::arrow_schema_of`] them).
     ///
     /// # Errors
     /// [`Error::Meta`] for stored buffers that do not make their column's type.
     pub(crate) fn decode_fetched(
         &self,
         f: FetchedChunk,
+        cols: &[usize],
         schema: &SchemaRef,
     ) -> Result<RecordBatch> {
         let ch = self.meta.chunks.get(f.chunk).ok_or_else(|| {
@@ -443,8 +440,7 @@ impl RemoteFrame {
             ))
         })?;
         let rows = ch.rows as usize;
-        let arrays = f
-            .cols
+        let arrays = cols
             .iter()
             .zip(f.buffers)
             .map(|(&i, ds)| {
@@ -464,9 +460,7 @@ impl RemoteFrame {
 pub(crate) struct FetchedChunk {
     /// The chunk's index in its frame.
     chunk: usize,
-    /// The columns read (schema indices).
-    cols: Vec<usize>,
-    /// Per column, its stored buffers.
+    /// Per column read, its stored buffers.
     buffers: Vec<Vec<codec::Dest>>,
 }
 

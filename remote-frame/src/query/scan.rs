@@ -460,14 +460,14 @@ impl ExecutionPlan for RemoteScanExec {
             .check_live()
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(chunk_stream(
-            ChunkReader {
-                frame: self.frame.clone(),
-                columns: Arc::new(self.columns.clone()),
-                schema: self.schema.clone(),
-                batch_rows: self.batch_rows,
-                row_index: self.row_index.clone(),
-                group_bytes: group_bytes(context.memory_pool().memory_limit()),
-            },
+            ChunkReader::new(
+                self.frame.clone(),
+                Arc::new(self.columns.clone()),
+                self.schema.clone(),
+                self.batch_rows,
+                self.row_index.clone(),
+                &context,
+            )?,
             self.chunks[range].to_vec(),
             self.limit,
             &self.metrics,
@@ -527,17 +527,19 @@ pub(crate) fn chunk_stream(
 #[derive(Clone)]
 pub(crate) struct ChunkReader {
     /// The frame read.
-    pub(crate) frame: RemoteFrame,
+    frame: RemoteFrame,
     /// Its columns read, in `schema`'s order (empty: row counts only).
-    pub(crate) columns: Arc<Vec<usize>>,
+    columns: Arc<Vec<usize>>,
+    /// The arrow schema of `columns` as stored, which chunks are decoded into.
+    stored_schema: SchemaRef,
     /// The batches' schema.
-    pub(crate) schema: SchemaRef,
+    schema: SchemaRef,
     /// Rows per batch at most.
-    pub(crate) batch_rows: usize,
+    batch_rows: usize,
     /// The row index column of `schema`, if it has one (not among `columns`).
-    pub(crate) row_index: Option<RowIndex>,
-    /// Local bytes read at once at most (see [`group_bytes`]).
-    pub(crate) group_bytes: u64,
+    row_index: Option<RowIndex>,
+    /// Stored bytes read at once at most (see [`group_bytes`]).
+    group_bytes: u64,
 }
 
 /// Chunks read at once at most.
@@ -570,26 +572,46 @@ struct Fetched {
     chunk: usize,
     /// Its stored columns (`None`: no stored column is wanted).
     stored: Option<FetchedChunk>,
-    /// The arrow schema of the stored columns.
-    stored_schema: SchemaRef,
 }
 
 impl ChunkReader {
+    /// A reader of `columns` of `frame` as batches of `schema` of at most
+    /// `batch_rows` rows (with `row_index`, if any), in groups of chunks sized for
+    /// the budget of `context`'s memory pool.
+    ///
+    /// # Errors
+    /// A stored column type arrow-rs cannot hold.
+    pub(crate) fn new(
+        frame: RemoteFrame,
+        columns: Arc<Vec<usize>>,
+        schema: SchemaRef,
+        batch_rows: usize,
+        row_index: Option<RowIndex>,
+        context: &TaskContext,
+    ) -> DfResult<Self> {
+        let stored_schema = frame
+            .arrow_schema_of(&columns)
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        Ok(ChunkReader {
+            frame,
+            columns,
+            stored_schema,
+            schema,
+            batch_rows,
+            row_index,
+            group_bytes: group_bytes(context.memory_pool().memory_limit()),
+        })
+    }
+
     /// Reads `chunks` as stored (one read per memory element for all of them), in
     /// order.
     fn read(&self, chunks: &[usize]) -> DfResult<Vec<Fetched>> {
-        let external = |e| DataFusionError::External(Box::new(e));
-        let stored_schema = self
-            .frame
-            .arrow_schema_of(&self.columns)
-            .map_err(external)?;
         if self.columns.is_empty() {
             let rows_only = chunks
                 .iter()
                 .map(|&chunk| Fetched {
                     chunk,
                     stored: None,
-                    stored_schema: stored_schema.clone(),
                 })
                 .collect();
             return Ok(rows_only);
@@ -597,12 +619,11 @@ impl ChunkReader {
         let fetched = self
             .frame
             .fetch_chunk_list(&self.columns, chunks)
-            .map_err(external)?
+            .map_err(|e| DataFusionError::External(Box::new(e)))?
             .into_iter()
             .map(|f| Fetched {
                 chunk: f.chunk(),
                 stored: Some(f),
-                stored_schema: stored_schema.clone(),
             })
             .collect();
         Ok(fetched)
@@ -613,7 +634,7 @@ impl ChunkReader {
         let read = match f.stored {
             Some(stored) => Some(
                 self.frame
-                    .decode_fetched(stored, &f.stored_schema)
+                    .decode_fetched(stored, &self.columns, &self.stored_schema)
                     .map_err(|e| DataFusionError::External(Box::new(e)))?,
             ),
             None => None,
@@ -887,25 +908,18 @@ fn in_range<T: Copy + Into<i64>>(values: &[T], lo: i64, hi: i64) -> BooleanBuffe
         return BooleanBuffer::new_unset(values.len());
     }
     let span = hi.wrapping_sub(lo) as u64;
-    let inside = |v: T| v.into().wrapping_sub(lo) as u64 <= span;
+    let word = |rows: &[T]| {
+        rows.iter().enumerate().fold(0u64, |word, (bit, &v)| {
+            word | u64::from(v.into().wrapping_sub(lo) as u64 <= span) << bit
+        })
+    };
     // Whole words of 64 rows in a loop of fixed length, which the compiler vectorizes
     // (arrow's `collect_bool` builds them a bit at a time: 9 % of q96's profile).
-    let mut words = Vec::with_capacity(values.len().div_ceil(64));
     let whole = values.chunks_exact(64);
     let rest = whole.remainder();
-    for chunk in whole {
-        let mut word = 0u64;
-        for (bit, &v) in chunk.iter().enumerate() {
-            word |= u64::from(inside(v)) << bit;
-        }
-        words.push(word);
-    }
+    let mut words: Vec<u64> = whole.map(word).collect();
     if !rest.is_empty() {
-        let mut word = 0u64;
-        for (bit, &v) in rest.iter().enumerate() {
-            word |= u64::from(inside(v)) << bit;
-        }
-        words.push(word);
+        words.push(word(rest));
     }
     BooleanBuffer::new(Buffer::from_vec(words), 0, values.len())
 }

@@ -50,7 +50,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::scan::{chunk_stream, group_bytes, ChunkReader};
+use super::scan::{chunk_stream, ChunkReader};
 use super::{is_ordered, QuerySession, QueryStats};
 use crate::error::{Error, Result};
 use crate::frame::{FrameWriter, RemoteFrame};
@@ -851,23 +851,24 @@ impl ExecutionPlan for StageInputExec {
             .into_iter()
             .map(|frame| {
                 let chunks = frame.chunk_count();
-                chunk_stream(
-                    ChunkReader {
-                        frame,
-                        columns: columns.clone(),
-                        schema: self.schema.clone(),
-                        batch_rows: self.batch_rows,
-                        row_index: None,
-                        group_bytes: group_bytes(context.memory_pool().memory_limit()),
-                    },
+                let reader = ChunkReader::new(
+                    frame,
+                    columns.clone(),
+                    self.schema.clone(),
+                    self.batch_rows,
+                    None,
+                    &context,
+                )?;
+                Ok(chunk_stream(
+                    reader,
                     (0..chunks).collect(),
                     None,
                     &self.metrics,
                     partition,
                     None,
-                )
+                ))
             })
-            .collect();
+            .collect::<DfResult<_>>()?;
         // The frames of a partition one after another.
         let stream = futures::stream::iter(streams).flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
