@@ -344,6 +344,8 @@ struct Lookup<'a> {
 /// A semi join among the lookups: it keeps the rows whose `keys` are among
 /// `right_keys` of `right` (q70's `s_state IN (the top five states)`).
 struct Semi<'a> {
+    /// How many lookups are above it.
+    under: usize,
     keys: Vec<Column>,
     right: &'a LogicalPlan,
     right_keys: Vec<Expr>,
@@ -374,6 +376,7 @@ fn lookups(plan: &LogicalPlan) -> Lookups<'_> {
                     break;
                 };
                 found.semis.push(Semi {
+                    under: found.lookups.len(),
                     keys,
                     right: &j.right,
                     right_keys: j.on.iter().map(|(_, r)| r.clone()).collect(),
@@ -541,7 +544,9 @@ fn below_a_large_lookup<'a>(
     groups: &[Column],
     grouping_sets: bool,
 ) -> Option<(Placement<'a>, Vec<Expr>)> {
-    if !found.semis.is_empty() || found.lookups.is_empty() {
+    // A semi join above the lookup filters what it looks up (those below it are
+    // part of `X`).
+    if found.semis.iter().any(|s| s.under == 0) || found.lookups.is_empty() {
         return None;
     }
     let top = found.lookups.swap_remove(0);
