@@ -59,7 +59,7 @@
 use std::collections::{HashMap, HashSet};
 
 use arrow_schema::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result as DfResult};
 use datafusion::functions_aggregate::expr_fn::{count, sum};
 use datafusion::functions_aggregate::sum::sum_udaf;
@@ -67,6 +67,7 @@ use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{
     Aggregate, BinaryExpr, Expr, ExprSchemable, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
 };
+use datafusion::optimizer::push_down_filter::replace_cols_by_name;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 use super::chain_order::{estimate, is_column_projection, is_key_join, table_statistics};
@@ -230,14 +231,17 @@ fn distinct_count_below(plan: &LogicalPlan, column: &Column) -> Option<f64> {
 /// groups' distinct counts (columns taken as independent, an upper bound) next to
 /// those rows. False when a count is unknown.
 fn early_aggregate_shrinks(x: &LogicalPlan, groups: &[Expr]) -> bool {
-    let mut counts = groups.iter().map(|g| match g {
-        Expr::Column(c) => distinct_count_below(x, c),
+    early_group_count(x, groups).is_some_and(|count| count * EARLY_SHRINK <= largest_table(x))
+}
+
+/// The groups of an aggregate of `x` by `groups` (columns of `x`): the product of
+/// their distinct counts (columns taken as independent, an upper bound); `None` when
+/// a count is unknown.
+fn early_group_count(x: &LogicalPlan, groups: &[Expr]) -> Option<f64> {
+    groups.iter().try_fold(1.0, |product: f64, g| match g {
+        Expr::Column(c) => Some(product * distinct_count_below(x, c)?),
         _ => None,
-    });
-    let Some(early_groups) = counts.try_fold(1.0, |product: f64, d| Some(product * d?)) else {
-        return false;
-    };
-    early_groups * EARLY_SHRINK <= largest_table(x)
+    })
 }
 
 /// The rows of the largest table scanned under `plan` (before filters).
@@ -285,32 +289,32 @@ struct Unprojected<'a> {
 /// `aggregate`'s group and aggregate expressions over the plan below the projections
 /// right above it, each projected column replaced by what it computes (q99's
 /// `cs_ship_date_sk - cs_sold_date_sk`, a common subexpression of its sums), with
-/// that plan; `None` if a projection computes something volatile.
+/// that plan; `None` if that plan is not a join (nothing to look through: checked
+/// before any expression is copied) or a projection computes something volatile.
 fn through_projections(aggregate: &Aggregate) -> DfResult<Option<Unprojected<'_>>> {
-    let mut group_expr = aggregate.group_expr.clone();
-    let mut aggr_expr = aggregate.aggr_expr.clone();
+    let mut projections = Vec::new();
     let mut input = aggregate.input.as_ref();
     while let LogicalPlan::Projection(p) = input {
         if p.expr.iter().any(Expr::is_volatile) {
             return Ok(None);
         }
-        let computed: HashMap<Column, Expr> = p
+        projections.push(p);
+        input = p.input.as_ref();
+    }
+    if !matches!(input, LogicalPlan::Join(_)) {
+        return Ok(None);
+    }
+    let mut group_expr = aggregate.group_expr.clone();
+    let mut aggr_expr = aggregate.aggr_expr.clone();
+    for p in projections {
+        let computed: HashMap<String, &Expr> = p
             .schema
             .columns()
-            .into_iter()
+            .iter()
             .zip(&p.expr)
-            .map(|(c, e)| (c, unaliased(e).clone()))
+            .map(|(c, e)| (c.flat_name(), unaliased(e)))
             .collect();
-        let replace = |e: Expr| {
-            e.transform_up(|e| match &e {
-                Expr::Column(c) => match computed.get(c) {
-                    Some(with) => Ok(Transformed::yes(with.clone())),
-                    None => Ok(Transformed::no(e)),
-                },
-                _ => Ok(Transformed::no(e)),
-            })
-            .map(|t| t.data.unalias_nested().data)
-        };
+        let replace = |e: Expr| replace_cols_by_name(e, &computed).map(|e| e.unalias_nested().data);
         group_expr = group_expr
             .into_iter()
             .map(replace)
@@ -323,7 +327,6 @@ fn through_projections(aggregate: &Aggregate) -> DfResult<Option<Unprojected<'_>
                 e => replace(e),
             })
             .collect::<DfResult<_>>()?;
-        input = p.input.as_ref();
     }
     Ok(Some(Unprojected {
         group_expr,
@@ -334,6 +337,7 @@ fn through_projections(aggregate: &Aggregate) -> DfResult<Option<Unprojected<'_>
 
 /// A join that only looks up attributes of the rows of `x`: by `x_keys`, in `r`, a
 /// table scan without filters that is smaller than the largest table under `x`.
+#[derive(Clone)]
 struct Lookup<'a> {
     x: &'a LogicalPlan,
     x_keys: Vec<Column>,
@@ -343,6 +347,7 @@ struct Lookup<'a> {
 
 /// A semi join among the lookups: it keeps the rows whose `keys` are among
 /// `right_keys` of `right` (q70's `s_state IN (the top five states)`).
+#[derive(Clone)]
 struct Semi<'a> {
     /// How many lookups are above it.
     under: usize,
@@ -491,7 +496,7 @@ struct Placement<'a> {
 /// Below every lookup, when the early groups are few (see [`FEW_EARLY_GROUPS`]) and
 /// each semi join's keys are columns of one relation.
 fn below_every_lookup<'a>(
-    found: Lookups<'a>,
+    found: &Lookups<'a>,
     groups: &[Column],
 ) -> Option<(Placement<'a>, Vec<Expr>)> {
     if found.lookups.is_empty() {
@@ -508,30 +513,25 @@ fn below_every_lookup<'a>(
         return None;
     }
     let mut semis = Vec::new();
-    for semi in found.semis {
+    for semi in &found.semis {
         let owner = if semi.keys.iter().all(|k| x_columns.contains(k)) {
             None
         } else {
-            let r_columns = |l: &Lookup| columns(l.r);
-            let i = found
-                .lookups
-                .iter()
-                .position(|l| semi.keys.iter().all(|k| r_columns(l).contains(k)))?;
+            let i = found.lookups.iter().position(|l| {
+                let r_columns = columns(l.r);
+                semi.keys.iter().all(|k| r_columns.contains(k))
+            })?;
             Some(i)
         };
-        semis.push((semi, owner));
+        semis.push((semi.clone(), owner));
     }
     let early_groups = early_groups(groups, &x_columns, found.lookups.iter());
-    let mut counts = early_groups.iter().map(|g| match g {
-        Expr::Column(c) => distinct_count_below(x, c),
-        _ => None,
-    });
-    let few = counts.try_fold(1.0, |product: f64, d| Some(product * d?))?;
+    let few = early_group_count(x, &early_groups)?;
     let rows = filtered_rows(x);
     (few <= FEW_EARLY_GROUPS && few * EARLY_SHRINK <= rows && rows >= EAGER_ROWS).then_some((
         Placement {
             x,
-            lookups: found.lookups,
+            lookups: found.lookups.clone(),
             semis,
         },
         early_groups,
@@ -540,16 +540,16 @@ fn below_every_lookup<'a>(
 
 /// Below the top lookup alone, when it is large (see the module docs).
 fn below_a_large_lookup<'a>(
-    mut found: Lookups<'a>,
+    found: &Lookups<'a>,
     groups: &[Column],
     grouping_sets: bool,
 ) -> Option<(Placement<'a>, Vec<Expr>)> {
     // A semi join above the lookup filters what it looks up (those below it are
     // part of `X`).
-    if found.semis.iter().any(|s| s.under == 0) || found.lookups.is_empty() {
+    if found.semis.iter().any(|s| s.under == 0) {
         return None;
     }
-    let top = found.lookups.swap_remove(0);
+    let top = found.lookups.first()?.clone();
     let (x, r) = (top.x, top.r);
     if is_aggregate(x) || (!grouping_sets && !is_large_lookup(x, r)) {
         return None;
@@ -613,14 +613,6 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
     if made_here {
         return Ok(None);
     }
-    // Nothing to look through but joins (checked before the expressions are copied).
-    let mut input = aggregate.input.as_ref();
-    while let LogicalPlan::Projection(p) = input {
-        input = p.input.as_ref();
-    }
-    if !matches!(input, LogicalPlan::Join(_)) {
-        return Ok(None);
-    }
     let Some(Unprojected {
         group_expr,
         aggr_expr,
@@ -633,24 +625,27 @@ fn eager(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
     let Some(groups) = group_columns(&group_expr) else {
         return Ok(None);
     };
-    let placed = below_every_lookup(lookups(input), &groups)
-        .or_else(|| below_a_large_lookup(lookups(input), &groups, grouping_sets));
+    let found = lookups(input);
+    let placed = below_every_lookup(&found, &groups)
+        .or_else(|| below_a_large_lookup(&found, &groups, grouping_sets));
     let Some((placement, early_groups)) = placed else {
         return Ok(None);
     };
     let x = placement.x;
     let x_columns = columns(x);
+    let r_columns: Vec<HashSet<Column>> = placement.lookups.iter().map(|l| columns(l.r)).collect();
     // Some group must be looked up: what the joins are for.
     let looked_up = groups.iter().any(|g| {
         !x_columns.contains(g)
             && placement
                 .lookups
                 .iter()
-                .any(|l| columns(l.r).contains(g) && !l.r_keys.contains(g))
+                .zip(&r_columns)
+                .any(|(l, r)| r.contains(g) && !l.r_keys.contains(g))
     });
-    let grouped = groups.iter().all(|g| {
-        x_columns.contains(g) || placement.lookups.iter().any(|l| columns(l.r).contains(g))
-    });
+    let grouped = groups
+        .iter()
+        .all(|g| x_columns.contains(g) || r_columns.iter().any(|r| r.contains(g)));
     if !looked_up || !grouped {
         return Ok(None);
     }
