@@ -14,7 +14,8 @@ use arrow_array::{
     make_array, Array, ArrayRef, RecordBatch, RecordBatchOptions, StringViewArray, UInt32Array,
 };
 use arrow_data::transform::MutableArrayData;
-use datafusion::arrow::compute::take;
+use arrow_schema::SchemaRef;
+use datafusion::arrow::compute::{cast, take};
 use datafusion::common::Result as DfResult;
 
 use crate::views::gather_views;
@@ -131,16 +132,71 @@ fn compact_view(array: &ArrayRef) -> Option<ArrayRef> {
 /// otherwise keep, and be sized and spilled as, all of its data buffers. Other
 /// columns (and strings too many for one buffer) are copied by `take`.
 pub(crate) fn take_rows(batch: &RecordBatch, rows: &[u32]) -> DfResult<RecordBatch> {
-    let mut indices = None;
+    let indices = UInt32Array::from(rows.to_vec());
     map_columns_to(batch, rows.len(), |column| {
-        if let Some(views) = column.as_any().downcast_ref::<StringViewArray>() {
-            if let Some(gathered) = gather_views(views, rows) {
-                return Ok(Arc::new(gathered) as ArrayRef);
-            }
-        }
-        let indices = indices.get_or_insert_with(|| UInt32Array::from(rows.to_vec()));
-        Ok(take(column, indices, None)?)
+        take_rows_of(column, rows, &indices)
     })
+}
+
+/// The rows `rows` of `batch` as a batch of `schema`: [`take_rows`], with each column
+/// whose type `schema` gives otherwise cast to it (a column of views to plain strings,
+/// say, copied once).
+pub(crate) fn take_rows_as(
+    batch: &RecordBatch,
+    rows: &[u32],
+    schema: &SchemaRef,
+) -> DfResult<RecordBatch> {
+    if batch.schema().fields() == schema.fields() {
+        return take_rows(batch, rows);
+    }
+    let indices = UInt32Array::from(rows.to_vec());
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| {
+            if column.data_type() == field.data_type() {
+                return take_rows_of(column, rows, &indices);
+            }
+            Ok(cast(&take(column, &indices, None)?, field.data_type())?)
+        })
+        .collect::<DfResult<Vec<ArrayRef>>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &options,
+    )?)
+}
+
+/// `batch` as a batch of `schema`, whose fields are `batch`'s with some types
+/// changed: those columns are cast.
+pub(crate) fn cast_to(batch: RecordBatch, schema: &SchemaRef) -> DfResult<RecordBatch> {
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| Ok(cast(column, field.data_type())?))
+        .collect::<DfResult<Vec<ArrayRef>>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &options,
+    )?)
+}
+
+/// The rows `rows` of `column`, owning their values (see [`take_rows`]).
+fn take_rows_of(column: &ArrayRef, rows: &[u32], indices: &UInt32Array) -> DfResult<ArrayRef> {
+    if let Some(views) = column.as_any().downcast_ref::<StringViewArray>() {
+        if let Some(gathered) = gather_views(views, rows) {
+            return Ok(Arc::new(gathered));
+        }
+    }
+    Ok(take(column, indices, None)?)
 }
 
 fn owned_column(array: &ArrayRef) -> DfResult<ArrayRef> {

@@ -6,21 +6,23 @@
 //! from a small reserve of their own: a sort whose keys are most of its rows
 //! (`ORDER BY k, v` over two integers) failed out of memory at every budget from 2
 //! to 12 MiB, and a sort given as much memory as its input spilled. [`SpillingSortExec`]
-//! sorts each batch as it arrives and holds it with its keys in Arrow's row format
-//! (the merge then compares bytes), reserving both before it holds them. When the
+//! sorts each batch as it arrives and holds it, reserving it before it holds it; the
+//! merge converts the keys of the next few rows of each batch to Arrow's row format
+//! as it reaches them (and then compares bytes). When the
 //! next batch does not fit, the held batches are merged into one sorted run written
 //! to a spill file. At the end the held batches are merged with the runs read back a
 //! batch at a time and streamed on; runs more than the budget reads at once are
 //! first merged into fewer.
 
 use std::cmp::Ordering;
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, FieldRef, Schema, SchemaRef};
 use datafusion::arrow::compute::{
-    interleave_record_batch, lexsort_to_indices, sort_to_indices, take, SortColumn,
+    interleave_record_batch, lexsort_to_indices, sort_to_indices, SortColumn,
 };
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::config::ConfigOptions;
@@ -28,6 +30,7 @@ use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::SpillFile;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::metrics::{
@@ -43,16 +46,24 @@ use futures::StreamExt;
 
 use super::grace::{grow_within, partition_writer};
 use super::operator::{
-    budget_bytes, holder_cap, memory_holders, replace_each, replace_wrapped_children,
+    budget_bytes, holder_cap, is_window_over_sort, memory_holders, memory_holders_but,
+    replace_each, replace_wrapped_children,
 };
-use super::owned::{compact_views_if_shared, rows_bytes, take_rows};
+use super::owned::{cast_to, compact_views_if_shared, rows_bytes, take_rows_as};
 use super::spill::{read_spilled, spill_block_bytes};
+use super::window::window_floor;
 
 /// Spilled runs a merge is sized to read at once.
 const MERGE_WAYS: usize = 16;
 
 /// The fewest rows in a batch of a spilled run.
 const MIN_RUN_ROWS: usize = 16;
+
+/// Rows of a sorted batch whose keys are held as rows at once: the next ones are
+/// converted as the merge reaches them. Keys held for whole batches took a third of
+/// what a sort of two integers and a short string held (18 bytes of keys beside 27
+/// of values), and a sort given its input's size spilled for them.
+const KEY_WINDOW_ROWS: usize = 256;
 
 /// Replaces DataFusion's `SortExec`s that sort all their input (not a top-k) by
 /// [`SpillingSortExec`] (a physical optimizer rule, added when the session has a
@@ -66,14 +77,22 @@ impl PhysicalOptimizerRule for SpillingSorts {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let sole = memory_holders(plan.as_ref()) == 1;
+        // A window over the sort of its partition keys holds one partition at a
+        // time, from a floor it reserves: with no other holder the sort takes what
+        // the sole holder would, less that floor.
+        let holders = memory_holders(plan.as_ref());
+        let under_window =
+            holders == 2 && memory_holders_but(plan.as_ref(), &is_window_over_sort) == 1;
+        let sole = holders == 1 || under_window;
         replace_each(plan, |sort: &SortExec| {
             if sort.fetch().is_some() || converter(sort.expr(), &sort.input().schema()).is_err() {
                 return Ok(None);
             }
-            Ok(Some(
-                Arc::new(SpillingSortExec::new(Arc::new(sort.clone()), sole)) as _,
-            ))
+            Ok(Some(Arc::new(SpillingSortExec::new(
+                Arc::new(sort.clone()),
+                sole,
+                under_window,
+            )) as _))
         })
     }
 
@@ -107,14 +126,18 @@ pub(crate) struct SpillingSortExec {
     /// Whether the sort is the only operator of its plan that holds memory (see
     /// [`holder_cap`]).
     sole: bool,
+    /// Whether it is the sort of the plan's only window, which reserves its floor
+    /// from the sort's share (see [`window_floor`]).
+    under_window: bool,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl SpillingSortExec {
-    fn new(sort: Arc<SortExec>, sole: bool) -> Self {
+    fn new(sort: Arc<SortExec>, sole: bool, under_window: bool) -> Self {
         SpillingSortExec {
             sort,
             sole,
+            under_window,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
@@ -140,7 +163,11 @@ impl ExecutionPlan for SpillingSortExec {
         options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let sort = replace_wrapped_children(&self.sort, children, options)?;
-        Ok(Arc::new(SpillingSortExec::new(Arc::new(sort), self.sole)))
+        Ok(Arc::new(SpillingSortExec::new(
+            Arc::new(sort),
+            self.sole,
+            self.under_window,
+        )))
     }
 
     super::operator::with_new_children_by_replace!();
@@ -158,6 +185,7 @@ impl ExecutionPlan for SpillingSortExec {
         let schema = self.sort.input().schema();
         let keys = self.sort.expr().clone();
         let converter = converter(&keys, &schema)?;
+        let held_schema = held_schema(&schema, &keys);
         let name = format!("SpillingSort[{partition}]");
         let reservation = MemoryConsumer::new(name.clone())
             .with_can_spill(true)
@@ -166,17 +194,22 @@ impl ExecutionPlan for SpillingSortExec {
         let ways = self.sort.properties().partitioning.partition_count().max(1);
         let cap = match budget_bytes(&context) {
             usize::MAX => usize::MAX,
+            bytes if self.under_window => {
+                holder_cap(bytes / ways, true).saturating_sub(window_floor(bytes, ways))
+            }
             bytes => holder_cap(bytes / ways, self.sole),
         };
         let spill = Arc::new(SpillManager::new(
             context.runtime_env(),
             SpillMetrics::new(&self.metrics, partition),
-            schema.clone(),
+            held_schema.clone(),
         ));
         let run = SortRun {
             input,
             keys,
             converter,
+            held_schema,
+            out_schema: self.sort.schema(),
             held: Vec::new(),
             used: 0,
             runs: Vec::new(),
@@ -208,6 +241,10 @@ struct SortRun {
     input: SendableRecordBatchStream,
     keys: LexOrdering,
     converter: RowConverter,
+    /// The types rows are held and spilled in (see [`held_schema`]); the answer is
+    /// cast back to `out_schema`.
+    held_schema: SchemaRef,
+    out_schema: SchemaRef,
     /// Batches read since the last spill, each sorted, with their keys as rows.
     held: Vec<Cursor>,
     /// Bytes of `reservation` the held batches take.
@@ -252,7 +289,7 @@ impl SortRun {
         if chunk.is_none() {
             self.reservation.free();
         }
-        Ok(chunk)
+        chunk.map(|c| cast_to(c, &self.out_schema)).transpose()
     }
 
     /// Reads the whole input, holding sorted batches and spilling them as runs when
@@ -265,10 +302,10 @@ impl SortRun {
             }
             // Sorted before it is reserved, as a batch in flight: its cost is known
             // once its keys are rows.
-            let cursor = sorted(&batch, &self.keys, &self.converter)?;
+            let cursor = sorted(&batch, &self.keys, &self.converter, &self.held_schema)?;
             drop(batch);
             let cost = cursor.cost;
-            self.row_bytes = self.row_bytes.max(cost.div_ceil(cursor.rows.len()));
+            self.row_bytes = self.row_bytes.max(cost.div_ceil(cursor.batch.num_rows()));
             self.key_bytes_per_row = self
                 .key_bytes_per_row
                 .max(cursor.rows.size().div_ceil(cursor.rows.len()));
@@ -311,7 +348,8 @@ impl SortRun {
         let mut merge = Merge::new(cursors, self.run_rows());
         let mut writer = partition_writer(&self.spill, "SpillingSort run")?;
         while let Some(chunk) = merge.next_chunk(&self.keys, &self.converter).await? {
-            let cost = rows_bytes(&chunk) + chunk.num_rows() * self.key_bytes_per_row;
+            let cost =
+                rows_bytes(&chunk) + chunk.num_rows().min(KEY_WINDOW_ROWS) * self.key_bytes_per_row;
             self.chunk_cost = self.chunk_cost.max(cost);
             // A merged batch's strings no longer share buffers, as the batches
             // read did: the next ones are cut to what this one cost a row.
@@ -413,6 +451,7 @@ impl SortRun {
                 cursors.push(Cursor {
                     batch,
                     rows,
+                    start: 0,
                     pos: 0,
                     cost: 0,
                     rest: Some(stream),
@@ -430,9 +469,62 @@ fn key_columns(keys: &LexOrdering, batch: &RecordBatch) -> DfResult<Vec<ArrayRef
         .collect()
 }
 
+/// The schema a sort holds and spills its rows in: `schema` with the string and
+/// binary views of columns no key reads as plain strings and binaries. A view takes
+/// 16 bytes a row beside the bytes of a string longer than 12; plain strings take
+/// 4 beside all of theirs: a sort of two integers and a short string held 32 bytes a
+/// row instead of 27, and spilled at a budget of its input's size. Keys stay as they
+/// are, for the row converter and the key expressions.
+fn held_schema(schema: &SchemaRef, keys: &LexOrdering) -> SchemaRef {
+    let read: HashSet<usize> = keys
+        .iter()
+        .flat_map(|k| collect_columns(&k.expr))
+        .map(|c| c.index())
+        .collect();
+    let plain = |i: usize, field: &FieldRef| match field.data_type() {
+        DataType::Utf8View if !read.contains(&i) => Some(DataType::Utf8),
+        DataType::BinaryView if !read.contains(&i) => Some(DataType::Binary),
+        _ => None,
+    };
+    if !schema
+        .fields()
+        .iter()
+        .enumerate()
+        .any(|(i, f)| plain(i, f).is_some())
+    {
+        return schema.clone();
+    }
+    let fields: Vec<FieldRef> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| match plain(i, f) {
+            Some(t) => Arc::new(f.as_ref().clone().with_data_type(t)),
+            None => f.clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// The keys of `batch`'s rows from `start` on, as many as [`KEY_WINDOW_ROWS`], as rows.
+fn key_window(
+    batch: &RecordBatch,
+    start: usize,
+    keys: &LexOrdering,
+    converter: &RowConverter,
+) -> DfResult<KeyRows> {
+    let n = KEY_WINDOW_ROWS.min(batch.num_rows().saturating_sub(start));
+    KeyRows::of(converter, &key_columns(keys, &batch.slice(start, n))?)
+}
+
 /// `batch` sorted by its keys (by Arrow's sort kernels, which compare values of one
-/// type without encoding them), with its keys as rows in that order.
-fn sorted(batch: &RecordBatch, keys: &LexOrdering, converter: &RowConverter) -> DfResult<Cursor> {
+/// type without encoding them), with its first rows' keys as rows.
+fn sorted(
+    batch: &RecordBatch,
+    keys: &LexOrdering,
+    converter: &RowConverter,
+    held_schema: &SchemaRef,
+) -> DfResult<Cursor> {
     let columns = key_columns(keys, batch)?;
     let order = match (columns.as_slice(), keys.first()) {
         ([column], key) => sort_to_indices(column, Some(key.options), None)?,
@@ -448,23 +540,21 @@ fn sorted(batch: &RecordBatch, keys: &LexOrdering, converter: &RowConverter) -> 
             lexsort_to_indices(&by, None)?
         }
     };
-    let in_order = columns
-        .iter()
-        .map(|c| take(c, &order, None))
-        .collect::<Result<Vec<_>, _>>()?;
-    let rows = KeyRows::of(converter, &in_order)?;
-    let batch = take_rows(batch, order.values())?;
+    drop(columns);
+    let batch = take_rows_as(batch, order.values(), held_schema)?;
+    let rows = key_window(&batch, 0, keys, converter)?;
     let cost = rows_bytes(&batch) + rows.size();
     Ok(Cursor {
         batch,
         rows,
+        start: 0,
         pos: 0,
         cost,
         rest: None,
     })
 }
 
-/// The next non-empty batch of a sorted run with its keys as rows.
+/// The next non-empty batch of a sorted run with its first rows' keys as rows.
 async fn next_sorted(
     stream: &mut SendableRecordBatchStream,
     keys: &LexOrdering,
@@ -473,7 +563,7 @@ async fn next_sorted(
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         if batch.num_rows() > 0 {
-            let rows = KeyRows::of(converter, &key_columns(keys, &batch)?)?;
+            let rows = key_window(&batch, 0, keys, converter)?;
             return Ok(Some((batch, rows)));
         }
     }
@@ -555,12 +645,14 @@ impl KeyRows {
     }
 }
 
-/// A sorted batch being merged, with its keys as rows: a held batch, or the current
-/// batch of a run read back (whose later batches follow).
+/// A sorted batch being merged, with the keys of its next rows as rows: a held batch,
+/// or the current batch of a run read back (whose later batches follow).
 struct Cursor {
     batch: RecordBatch,
+    /// The keys of the batch's rows from `start` on (a window of them).
     rows: KeyRows,
-    /// The next row to merge.
+    start: usize,
+    /// The next row to merge, in `rows`.
     pos: usize,
     /// The bytes reserved for it (0 for a run's batch: the merge's readers are
     /// reserved as a whole).
@@ -723,9 +815,14 @@ impl Merge {
                 batches.push(cursor.batch.clone());
                 batches.len() - 1
             });
-            picks.push((slot, cursor.pos));
+            picks.push((slot, cursor.start + cursor.pos));
             cursor.pos += 1;
-            if cursor.pos == cursor.rows.len() {
+            let next_start = cursor.start + cursor.rows.len();
+            if cursor.pos == cursor.rows.len() && next_start < cursor.batch.num_rows() {
+                cursor.rows = key_window(&cursor.batch, next_start, keys, converter)?;
+                cursor.start = next_start;
+                cursor.pos = 0;
+            } else if cursor.pos == cursor.rows.len() {
                 let next = match cursor.rest.as_mut() {
                     Some(rest) => next_sorted(rest, keys, converter).await?,
                     None => None,
@@ -734,6 +831,7 @@ impl Merge {
                     Some((batch, rows)) => {
                         cursor.batch = batch;
                         cursor.rows = rows;
+                        cursor.start = 0;
                         cursor.pos = 0;
                         slots[top] = None;
                     }
@@ -743,6 +841,7 @@ impl Merge {
                         self.freed += std::mem::take(&mut cursor.cost);
                         cursor.rows = KeyRows::default();
                         cursor.batch = RecordBatch::new_empty(cursor.batch.schema());
+                        cursor.start = 0;
                         cursor.pos = 0;
                     }
                 }
@@ -832,13 +931,14 @@ mod tests {
 
     #[test]
     fn runs_the_budget_reads_at_once_are_written_once_and_merged_in_one_pass() {
-        // Each run holds as many rows as the budget holds with their keys (16 bytes
-        // of values and 9 of key rows a row): 10, 5 and 1 runs, every row written
-        // at most once and read back once. What is held when the input ends is
-        // merged with the runs in memory, not written.
+        // Each run holds as many rows as the budget holds (16 bytes of values a row;
+        // their keys are rows only a window at a time, as the merge reaches them):
+        // 7, 3 and 1 runs (10, 5 and 1 when whole batches' keys were held), every
+        // row written at most once and read back once. What is held when the input
+        // ends is merged with the runs in memory, not written.
         let env = local_env(1, 64 << 20);
         let t = table(&env);
-        for (mib, runs) in [(2u64, 10u64), (4, 5), (12, 1)] {
+        for (mib, runs) in [(2u64, 7u64), (4, 3), (12, 1)] {
             let out = sort(&env, &t, mib << 20, "SELECT k, v FROM t ORDER BY v DESC");
             assert_eq!(out.stats().spill_files, runs, "{mib} MiB");
             let once = ROWS as u64 * 16;
@@ -857,14 +957,14 @@ mod tests {
 
     #[test]
     fn runs_too_many_to_read_at_once_are_merged_in_passes() {
-        // At 1 MiB a run holds ~36 k rows: the 21 runs are more than the budget
-        // reads at once, so the smallest, as few as leave a full merge for the last
-        // pass, are merged into one first (22 files): their rows are written twice,
-        // the others' once. Merged oldest first, 8 at a time, rows were written up
-        // to three times (21 MB).
+        // At 768 KiB a run holds ~42 k rows: the runs are more than the budget reads
+        // at once, so the smallest, as few as leave a full merge for the last pass,
+        // are merged into one first (22 files in all): their rows are written twice,
+        // the others' once (1.18x the rows' bytes). Merged oldest first, 8 at a
+        // time, rows were written up to three times.
         let env = local_env(1, 64 << 20);
         let t = table(&env);
-        let out = sort(&env, &t, 1 << 20, "SELECT k, v FROM t ORDER BY v");
+        let out = sort(&env, &t, 768 << 10, "SELECT k, v FROM t ORDER BY v");
         let once = ROWS as u64 * 16;
         let written = out.stats().spill_bytes_written;
         assert_eq!(out.stats().spill_files, 22);
