@@ -986,6 +986,34 @@ mod tests {
     }
 
     #[test]
+    fn a_sort_given_its_input_s_size_spills_nothing() {
+        // Two integers and a short string (a 16-byte view when read): 32 bytes a row
+        // read, 27 held (the string as a plain one, no key reads it) and the keys
+        // only a window at a time. Held as views beside their keys' rows (50 bytes a
+        // row) the sort spilled at this budget.
+        let env = local_env(1, 64 << 20);
+        let frame = df!(
+            "k" => (0..ROWS).map(|i| i * 7_919 % KEYS).collect::<Vec<_>>(),
+            "v" => (0..ROWS).collect::<Vec<_>>(),
+            "s" => (0..ROWS).map(|i| format!("row {}", i % 1_000)).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let t = RemoteFrame::from_polars(&env, &frame).unwrap();
+        let out = sort(
+            &env,
+            &t,
+            t.data_bytes(),
+            "SELECT k, v, s FROM t ORDER BY v, k",
+        );
+        assert_eq!(out.stats().spill_files, 0);
+        assert!(column(&out, "v").into_iter().eq(0..ROWS));
+        let strings = out.to_polars().unwrap();
+        let s = strings.column("s").unwrap().str().unwrap();
+        let s = s.rechunk();
+        assert!((0..ROWS as usize).all(|i| s.get(i) == Some(format!("row {}", i % 1_000).as_str())));
+    }
+
+    #[test]
     fn a_sort_dropped_midway_frees_its_memory_and_runs() {
         let env = local_env(1, 64 << 20);
         let t = table(&env);
