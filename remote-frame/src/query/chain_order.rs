@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 
 use datafusion::catalog::default_table_source::source_as_provider;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, NullEquality, Result as DfResult, Statistics};
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
@@ -68,10 +68,44 @@ fn order_chains(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
         }
         match reorder(&node)? {
             // Its joins are in order now; the relations are visited on their own.
-            Some(rebuilt) => Ok(Transformed::new(rebuilt, true, TreeNodeRecursion::Jump)),
-            None => Ok(Transformed::no(node)),
+            Reordered::Rebuilt(rebuilt) => {
+                Ok(Transformed::new(rebuilt, true, TreeNodeRecursion::Jump))
+            }
+            // Its joins are not a chain of their own: a part of a chain in order,
+            // ordered alone, came out otherwise (the largest relation of the part
+            // is another), and the next pass put the whole chain back: plans
+            // flip-flopped between passes (q84) and the optimizer ran every pass.
+            Reordered::InOrder => {
+                let relations = order_relations(node)?;
+                Ok(Transformed::new(
+                    relations.data,
+                    relations.transformed,
+                    TreeNodeRecursion::Jump,
+                ))
+            }
+            Reordered::Not => Ok(Transformed::no(node)),
         }
     })
+}
+
+/// The chain `plan` with the join chains inside each of its relations in order.
+fn order_relations(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
+    let in_chain = is_chain_join(&plan) || (is_column_projection(&plan) && is_join_below(&plan));
+    if in_chain {
+        plan.map_children(order_relations)
+    } else {
+        order_chains(plan)
+    }
+}
+
+/// What [`reorder`] made of a chain.
+enum Reordered {
+    /// The chain rebuilt in the estimated order.
+    Rebuilt(LogicalPlan),
+    /// The chain is in that order already.
+    InOrder,
+    /// The chain cannot be reordered (see the module docs).
+    Not,
 }
 
 /// An inner equi-join whose keys must match (not null-equal): what can be reordered
@@ -145,9 +179,9 @@ fn owner(expr: &Expr, relations: &[HashSet<Column>]) -> Option<usize> {
     owners.next().is_none().then_some(first)
 }
 
-/// `root` rebuilt in the estimated order, or `None` when it is in that order already
-/// or cannot be reordered.
-fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
+/// `root` rebuilt in the estimated order, if it is not in that order already and can
+/// be reordered.
+fn reorder(root: &LogicalPlan) -> DfResult<Reordered> {
     let mut chain = Chain {
         relations: Vec::new(),
         predicates: Vec::new(),
@@ -161,12 +195,12 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         .map(|r| order_chains(r).map(|t| t.data))
         .collect::<DfResult<_>>()?;
     if !is_left_deep(root) {
-        return Ok(None);
+        return Ok(Reordered::Not);
     }
     let deferred = defer_left_joins(&mut chain);
     let n = chain.relations.len();
     if n < 3 && deferred.is_empty() {
-        return Ok(None);
+        return Ok(Reordered::Not);
     }
     let columns: Vec<HashSet<Column>> = chain
         .relations
@@ -177,10 +211,10 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
     let mut edges = Vec::new();
     for (l, r) in &chain.predicates {
         let (Some(a), Some(b)) = (owner(l, &columns), owner(r, &columns)) else {
-            return Ok(None);
+            return Ok(Reordered::Not);
         };
         if a == b {
-            return Ok(None);
+            return Ok(Reordered::Not);
         }
         edges.push(((a, l.clone()), (b, r.clone())));
     }
@@ -205,7 +239,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
             let mut owners = (0..n).filter(|&k| columns[k].contains(column));
             match (owners.next(), owners.next()) {
                 (Some(k), None) => reads.push(k),
-                _ => return Ok(None),
+                _ => return Ok(Reordered::Not),
             }
         }
         residuals.push((expr.clone(), reads));
@@ -235,13 +269,13 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
             .total_cmp(&estimates[b].1)
             .then_with(|| names[b].cmp(&names[a]))
     }) else {
-        return Ok(None);
+        return Ok(Reordered::Not);
     };
     let Some((mut order, default_cost)) =
         greedy_order(largest, &estimates, &edges, &integer, &names)
     else {
         // Not connected: a cross product; left as written.
-        return Ok(None);
+        return Ok(Reordered::Not);
     };
     // Ties by name, not place: the rebuilt order must be chosen again when the rule
     // meets it.
@@ -257,7 +291,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         }
     }
     if order.iter().copied().eq(0..n) && deferred.is_empty() {
-        return Ok(None);
+        return Ok(Reordered::InOrder);
     }
     tracing::debug!(?order, "reordering a join chain");
     let mut placed = vec![false; n];
@@ -304,7 +338,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Option<LogicalPlan>> {
         .into_iter()
         .map(Expr::Column)
         .collect();
-    Ok(Some(builder.project(output)?.build()?))
+    Ok(Reordered::Rebuilt(builder.project(output)?.build()?))
 }
 
 /// Takes out of `chain` its left joins whose right (null-padded) side no predicate
@@ -640,5 +674,67 @@ mod tests {
         assert!(fraction(std::slice::from_ref(&eq)) < fraction(std::slice::from_ref(&range)));
         assert!(fraction(&[eq.clone().and(range)]) < fraction(&[eq]));
         assert_eq!(fraction(&[]), 1.0);
+    }
+
+    #[test]
+    fn a_chain_in_order_is_left_as_it_is_with_its_parts() {
+        use crate::frame::RemoteFrame;
+        use crate::query::test_env::local_env;
+        use crate::query::QuerySession;
+        use datafusion::optimizer::OptimizerContext;
+        use polars::prelude::df;
+
+        let env = local_env(1, 64 << 20);
+        // q84's shape: customers of a city and an income band, their demographics
+        // and the returns made under them. Ordered whole, the chain starts at the
+        // demographics; its part below them, ordered alone, starts at the
+        // customers: the rule took the part apart again on every pass after the
+        // first, and the next pass put the whole chain back.
+        let sizes = [
+            ("cd", 20_000i64),
+            ("sr", 6_000),
+            ("c", 2_000),
+            ("ca", 1_000),
+        ];
+        let session = QuerySession::new(&env).unwrap();
+        for (name, rows) in sizes {
+            let frame = match name {
+                "cd" => df!("cd_sk" => (0..rows).collect::<Vec<_>>()),
+                "sr" => df!("sr_cd" => (0..rows).map(|i| i * 3 % 20_000).collect::<Vec<_>>()),
+                "c" => df!(
+                    "c_sk" => (0..rows).collect::<Vec<_>>(),
+                    "c_cd" => (0..rows).map(|i| i * 7 % 20_000).collect::<Vec<_>>(),
+                    "c_hd" => (0..rows).map(|i| i % 144).collect::<Vec<_>>(),
+                    "c_ca" => (0..rows).map(|i| i % 1_000).collect::<Vec<_>>()
+                ),
+                _ => df!(
+                    "ca_sk" => (0..rows).collect::<Vec<_>>(),
+                    "ca_city" => (0..rows).map(|i| i % 40).collect::<Vec<_>>()
+                ),
+            }
+            .unwrap();
+            session
+                .register(name, &RemoteFrame::from_polars(&env, &frame).unwrap())
+                .unwrap();
+        }
+        let hd = df!("hd_sk" => (0..144i64).collect::<Vec<_>>(), "hd_ib" => (0..144i64).map(|i| i % 20).collect::<Vec<_>>()).unwrap();
+        let ib = df!("ib_sk" => (0..20i64).collect::<Vec<_>>(), "ib_low" => (0..20i64).map(|i| i * 10).collect::<Vec<_>>()).unwrap();
+        for (name, frame) in [("hd", hd), ("ib", ib)] {
+            session
+                .register(name, &RemoteFrame::from_polars(&env, &frame).unwrap())
+                .unwrap();
+        }
+        let sql = "SELECT c_sk FROM c, ca, cd, hd, ib, sr \
+                   WHERE ca_city = 7 AND c_ca = ca_sk AND ib_low >= 50 AND ib_low <= 120 \
+                   AND ib_sk = hd_ib AND cd_sk = sr_cd AND hd_sk = c_hd AND cd_sk = c_cd";
+        let (planned, _) = session.plan(sql).unwrap();
+        let again = ChainOrder
+            .rewrite(planned.clone(), &OptimizerContext::new())
+            .unwrap();
+        assert!(
+            !again.transformed,
+            "reordered again:\n{planned}\nbecame\n{}",
+            again.data
+        );
     }
 }
