@@ -272,6 +272,11 @@ impl SkewMetrics {
 }
 
 impl SpillingHashJoinExec {
+    /// The hash join it wraps.
+    pub(crate) fn wrapped(&self) -> &HashJoinExec {
+        &self.join
+    }
+
     /// The join of a plan (`sole`: the only operator in it that holds memory): its
     /// partitions run at once.
     fn new(join: Arc<HashJoinExec>, sole: bool) -> Self {

@@ -20,8 +20,8 @@ use datafusion::datasource::TableType;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::Operator;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::logical_expr::{JoinType, Operator};
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
 use datafusion::physical_expr::{conjunction_opt, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_expr_common::physical_expr::{
@@ -34,6 +34,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::filter_pushdown::{
     ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation,
 };
+use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
@@ -50,6 +51,7 @@ use std::collections::VecDeque;
 
 use futures::StreamExt;
 
+use super::join::SpillingHashJoinExec;
 use super::owned::owned_batch;
 use super::stats::ChunkStatistics;
 use crate::frame::{FetchedChunk, RemoteFrame};
@@ -362,6 +364,23 @@ fn source_of(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<Source<'_>> 
             None => index,
         };
         return source_of(filter.input(), index);
+    }
+    let join = plan.downcast_ref::<HashJoinExec>().or_else(|| {
+        plan.downcast_ref::<SpillingHashJoinExec>()
+            .map(SpillingHashJoinExec::wrapped)
+    });
+    if let Some(join) = join {
+        // A semi join keeps some of its preserved side's rows, as a filter does.
+        let preserved = match join.join_type() {
+            JoinType::LeftSemi => join.left(),
+            JoinType::RightSemi => join.right(),
+            _ => return None,
+        };
+        let index = match join.projection.as_deref() {
+            Some(projection) => *projection.get(index)?,
+            None => index,
+        };
+        return source_of(preserved, index);
     }
     match plan.children().as_slice() {
         [input] if passes_rows(plan.as_ref()) => source_of(input, index),
