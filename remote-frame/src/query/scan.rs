@@ -311,10 +311,10 @@ impl RemoteScanExec {
 
 /// The distinct values of column `index` of `plan`'s output as the frames' sketches
 /// estimate them, followed through operators that pass their input's values on
-/// (filters, which can only remove some, projections of plain columns, repartitions,
-/// coalesces and cooperative yields) to a scan, and summed over a union's inputs.
-/// `None` where the column leads anywhere else (a join, an aggregate, a computed
-/// value).
+/// (filters and semi joins, which can only remove some, projections of plain columns,
+/// repartitions, coalesces and cooperative yields) to a scan, and summed over a
+/// union's inputs. `None` where the column leads anywhere else (another join, an
+/// aggregate, a computed value).
 pub(crate) fn column_distinct(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<usize> {
     match source_of(plan, index)? {
         Source::Scan(scan, index) => scan.distinct_estimate(index),
