@@ -24,7 +24,7 @@ use std::collections::HashSet;
 
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, NullEquality, Result as DfResult, Statistics};
+use datafusion::common::{Column, DataFusionError, NullEquality, Result as DfResult, Statistics};
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
     BinaryExpr, Expr, ExprSchemable, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
@@ -75,35 +75,48 @@ fn order_chains(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
             // ordered alone, came out otherwise (the largest relation of the part
             // is another), and the next pass put the whole chain back: plans
             // flip-flopped between passes (q84) and the optimizer ran every pass.
-            Reordered::InOrder => {
-                let relations = order_relations(node)?;
-                Ok(Transformed::new(
-                    relations.data,
-                    relations.transformed,
-                    TreeNodeRecursion::Jump,
-                ))
+            Reordered::InOrder(relations) => {
+                let changed = relations.is_some();
+                let node = match relations {
+                    Some(relations) => with_relations(node, &mut relations.into_iter())?,
+                    None => node,
+                };
+                Ok(Transformed::new(node, changed, TreeNodeRecursion::Jump))
             }
             Reordered::Not => Ok(Transformed::no(node)),
         }
     })
 }
 
-/// The chain `plan` with the join chains inside each of its relations in order.
-fn order_relations(plan: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
-    let in_chain = is_chain_join(&plan) || (is_column_projection(&plan) && is_join_below(&plan));
+/// The chain `plan` with its relations replaced, in the order [`Chain::collect`]
+/// takes them, by the next of `relations`.
+fn with_relations(
+    plan: LogicalPlan,
+    relations: &mut impl Iterator<Item = LogicalPlan>,
+) -> DfResult<LogicalPlan> {
+    let in_chain = match &plan {
+        LogicalPlan::Projection(p) => is_column_projection(&plan) && is_join_below(&p.input),
+        _ => is_chain_join(&plan),
+    };
     if in_chain {
-        plan.map_children(order_relations)
-    } else {
-        order_chains(plan)
+        let rebuilt =
+            plan.map_children(|child| with_relations(child, relations).map(Transformed::yes))?;
+        return Ok(rebuilt.data);
     }
+    relations.next().ok_or_else(|| {
+        DataFusionError::Internal(
+            "a join chain has fewer relations than it was taken apart into".into(),
+        )
+    })
 }
 
 /// What [`reorder`] made of a chain.
 enum Reordered {
     /// The chain rebuilt in the estimated order.
     Rebuilt(LogicalPlan),
-    /// The chain is in that order already.
-    InOrder,
+    /// The chain is in that order already: its relations with their own chains
+    /// ordered, in the order [`Chain::collect`] takes them (`None`: none changed).
+    InOrder(Option<Vec<LogicalPlan>>),
     /// The chain cannot be reordered (see the module docs).
     Not,
 }
@@ -189,10 +202,15 @@ fn reorder(root: &LogicalPlan) -> DfResult<Reordered> {
     };
     chain.collect(root);
     // The relations' own chains first (their order does not depend on this one's).
+    let mut relations_changed = false;
     chain.relations = chain
         .relations
         .into_iter()
-        .map(|r| order_chains(r).map(|t| t.data))
+        .map(|r| {
+            let ordered = order_chains(r)?;
+            relations_changed |= ordered.transformed;
+            Ok(ordered.data)
+        })
         .collect::<DfResult<_>>()?;
     if !is_left_deep(root) {
         return Ok(Reordered::Not);
@@ -291,7 +309,10 @@ fn reorder(root: &LogicalPlan) -> DfResult<Reordered> {
         }
     }
     if order.iter().copied().eq(0..n) && deferred.is_empty() {
-        return Ok(Reordered::InOrder);
+        // No left join was taken out: the relations are as collected.
+        return Ok(Reordered::InOrder(
+            relations_changed.then_some(chain.relations),
+        ));
     }
     tracing::debug!(?order, "reordering a join chain");
     let mut placed = vec![false; n];
