@@ -102,12 +102,11 @@ impl PhysicalOptimizerRule for SpillingAggregates {
             };
             Ok(wrappable(&agg).then(|| {
                 let ways = agg.properties().partitioning.partition_count().max(1);
-                let groups = estimated_groups(&agg);
-                let unreduced = expects_no_reduction(&agg);
+                let estimate = group_estimate(&agg);
                 let mut exec =
                     SpillingAggregateExec::new(Arc::new(agg), 0, String::new(), ways, None, sole);
-                exec.groups = groups;
-                exec.unreduced = unreduced;
+                exec.groups = estimate.as_ref().map(GroupEstimate::groups);
+                exec.unreduced = estimate.is_some_and(|e| e.unreduced());
                 Arc::new(exec) as _
             }))
         })
@@ -167,10 +166,10 @@ pub(crate) struct SpillingAggregateExec {
     /// [`holder_cap`]).
     sole: bool,
     /// The groups of the level-0 aggregate as the frames' sketches estimate them
-    /// (see [`estimated_groups`]; `None`: unknown, or a level below).
+    /// (see [`group_estimate`]; `None`: unknown, or a level below).
     groups: Option<usize>,
     /// Whether its keys are estimated to be distinct on nearly every row (see
-    /// [`expects_no_reduction`]).
+    /// [`GroupEstimate::unreduced`]).
     unreduced: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -693,23 +692,29 @@ fn partials_context(context: &Arc<TaskContext>, partials: Partials) -> Arc<TaskC
     task_context_like(context, config, context.runtime_env())
 }
 
-/// The groups `agg` is estimated to have: the product of its keys' distinct counts
-/// as the frames' sketches estimate them ([`column_distinct`]; a final phase's keys
-/// followed to the partial phase's input), at most the rows read ([`rows_bound`]).
-/// `None` where a key is not a plain column or its count is unknown. DataFusion's
-/// own statistics carry no distinct counts here: the scans keep them to rows and
-/// bytes, which its join modes follow.
-fn estimated_groups(agg: &AggregateExec) -> Option<usize> {
-    let (groups, rows) = group_estimate(agg)?;
-    Some(rows.map_or(groups, |rows| groups.min(rows.max(1))))
+/// What the frames' distinct-count sketches say of an aggregate's groups (see
+/// [`group_estimate`]).
+struct GroupEstimate {
+    /// The product of its keys' distinct counts.
+    key_values: usize,
+    /// The rows its grouping phase reads, if known ([`rows_bound`]).
+    rows: Option<usize>,
 }
 
-/// Whether `agg`'s keys are estimated to have nearly as many distinct values together
-/// as it has rows, [`NO_REDUCTION`] of them or more (see [`estimated_groups`]): its
-/// partial phase would aggregate next to nothing.
-fn expects_no_reduction(agg: &AggregateExec) -> bool {
-    matches!(group_estimate(agg),
-        Some((groups, Some(rows))) if groups as f64 >= rows as f64 * NO_REDUCTION)
+impl GroupEstimate {
+    /// The groups: the keys' combined distinct values, at most the rows read.
+    fn groups(&self) -> usize {
+        self.rows
+            .map_or(self.key_values, |rows| self.key_values.min(rows.max(1)))
+    }
+
+    /// Whether the keys have nearly as many distinct values together as there are
+    /// rows, [`NO_REDUCTION`] of them or more: a partial phase would aggregate next to
+    /// nothing.
+    fn unreduced(&self) -> bool {
+        self.rows
+            .is_some_and(|rows| self.key_values as f64 >= rows as f64 * NO_REDUCTION)
+    }
 }
 
 /// The groups a partial phase is taken to leave unreduced, as a fraction of its
@@ -717,9 +722,13 @@ fn expects_no_reduction(agg: &AggregateExec) -> bool {
 /// 100 000 distinct keys came to 98 545.
 const NO_REDUCTION: f64 = 0.8;
 
-/// The product of the distinct counts of `agg`'s keys and the rows its grouping
-/// phase reads, if known (see [`estimated_groups`]).
-fn group_estimate(agg: &AggregateExec) -> Option<(usize, Option<usize>)> {
+/// The groups `agg` is estimated to have: the product of its keys' distinct counts
+/// as the frames' sketches estimate them ([`column_distinct`]; a final phase's keys
+/// followed to the partial phase's input), and the rows its grouping phase reads.
+/// `None` where a key is not a plain column or its count is unknown. DataFusion's
+/// own statistics carry no distinct counts here: the scans keep them to rows and
+/// bytes, which its join modes follow.
+fn group_estimate(agg: &AggregateExec) -> Option<GroupEstimate> {
     let mut grouping = agg;
     if !matches!(
         agg.mode(),
@@ -748,7 +757,10 @@ fn group_estimate(agg: &AggregateExec) -> Option<(usize, Option<usize>)> {
             let distinct = column_distinct(grouping.input(), column.index())?;
             Some(groups.saturating_mul(distinct.max(1)))
         })?;
-    Some((groups, rows_bound(grouping.input())))
+    Some(GroupEstimate {
+        key_values: groups,
+        rows: rows_bound(grouping.input()),
+    })
 }
 
 /// Spilled partitions aggregated in one run of the wrapped aggregate.
