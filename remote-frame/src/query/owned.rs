@@ -109,12 +109,15 @@ fn map_columns_to(
         .iter()
         .map(f)
         .collect::<DfResult<Vec<ArrayRef>>>()?;
-    // A batch without columns (`count(*)` over a scan) still has its rows.
+    batch_of(batch.schema(), columns, rows)
+}
+
+/// A batch of `schema` with `columns` and `rows` rows (a batch without columns,
+/// `count(*)` over a scan, still has its rows).
+fn batch_of(schema: SchemaRef, columns: Vec<ArrayRef>, rows: usize) -> DfResult<RecordBatch> {
     let options = RecordBatchOptions::new().with_row_count(Some(rows));
     Ok(RecordBatch::try_new_with_options(
-        batch.schema(),
-        columns,
-        &options,
+        schema, columns, &options,
     )?)
 }
 
@@ -132,10 +135,7 @@ fn compact_view(array: &ArrayRef) -> Option<ArrayRef> {
 /// otherwise keep, and be sized and spilled as, all of its data buffers. Other
 /// columns (and strings too many for one buffer) are copied by `take`.
 pub(crate) fn take_rows(batch: &RecordBatch, rows: &[u32]) -> DfResult<RecordBatch> {
-    let indices = UInt32Array::from(rows.to_vec());
-    map_columns_to(batch, rows.len(), |column| {
-        take_rows_of(column, rows, &indices)
-    })
+    take_rows_as(batch, rows, &batch.schema())
 }
 
 /// The rows `rows` of `batch` as a batch of `schema`: [`take_rows`], with each column
@@ -146,9 +146,6 @@ pub(crate) fn take_rows_as(
     rows: &[u32],
     schema: &SchemaRef,
 ) -> DfResult<RecordBatch> {
-    if batch.schema().fields() == schema.fields() {
-        return take_rows(batch, rows);
-    }
     let indices = UInt32Array::from(rows.to_vec());
     let columns = batch
         .columns()
@@ -161,12 +158,7 @@ pub(crate) fn take_rows_as(
             Ok(cast(&take(column, &indices, None)?, field.data_type())?)
         })
         .collect::<DfResult<Vec<ArrayRef>>>()?;
-    let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
-    Ok(RecordBatch::try_new_with_options(
-        schema.clone(),
-        columns,
-        &options,
-    )?)
+    batch_of(schema.clone(), columns, rows.len())
 }
 
 /// `batch` as a batch of `schema`, whose fields are `batch`'s with some types
@@ -181,12 +173,7 @@ pub(crate) fn cast_to(batch: RecordBatch, schema: &SchemaRef) -> DfResult<Record
         .zip(schema.fields())
         .map(|(column, field)| Ok(cast(column, field.data_type())?))
         .collect::<DfResult<Vec<ArrayRef>>>()?;
-    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    Ok(RecordBatch::try_new_with_options(
-        schema.clone(),
-        columns,
-        &options,
-    )?)
+    batch_of(schema.clone(), columns, batch.num_rows())
 }
 
 /// The rows `rows` of `column`, owning their values (see [`take_rows`]).

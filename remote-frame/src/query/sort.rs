@@ -245,7 +245,8 @@ struct SortRun {
     /// cast back to `out_schema`.
     held_schema: SchemaRef,
     out_schema: SchemaRef,
-    /// Batches read since the last spill, each sorted, with their keys as rows.
+    /// Batches read since the last spill, each sorted, with their first rows' keys
+    /// as rows.
     held: Vec<Cursor>,
     /// Bytes of `reservation` the held batches take.
     used: usize,
@@ -258,12 +259,12 @@ struct SortRun {
     batch_rows: usize,
     /// The spill blocks a run is read back in.
     block_bytes: usize,
-    /// The most a batch of a spilled run costs with its keys as rows: what each run
-    /// read back holds while it is merged.
+    /// The most a batch of a spilled run costs with a window of its keys as rows:
+    /// what each run read back holds while it is merged.
     chunk_cost: usize,
     /// The most bytes a row's keys took in the row format.
     key_bytes_per_row: usize,
-    /// The most bytes a held row took with its keys.
+    /// The most bytes a held row took, with its share of its batch's key window.
     row_bytes: usize,
     /// The merge streaming the answer, once the input is read.
     output: Option<Merge>,
@@ -301,7 +302,7 @@ impl SortRun {
                 continue;
             }
             // Sorted before it is reserved, as a batch in flight: its cost is known
-            // once its keys are rows.
+            // once it is taken in the held types with its first keys as rows.
             let cursor = sorted(&batch, &self.keys, &self.converter, &self.held_schema)?;
             drop(batch);
             let cost = cursor.cost;
