@@ -12,7 +12,7 @@
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, Result as DfResult};
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
@@ -31,20 +31,61 @@ impl AnalyzerRule for DecimalAsDouble {
     }
 
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> DfResult<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let schema = input_schema(&node)?;
-            let names = NamePreserver::new(&node);
-            let node = node.map_expressions(|e| {
-                let saved = names.save(&e);
-                let t = e.transform_up(|x| Ok(rewrite(x, &schema)))?;
-                Ok(t.update_data(|e| saved.restore(e)))
-            })?;
-            // A child's output types may have changed even where this node's
-            // expressions did not, so every node's schema is derived anew.
-            Ok(Transformed::yes(node.data.recompute_schema()?))
-        })
-        .map(|t| t.data)
+        rewrite_plan(plan).map(|t| t.data)
     }
+}
+
+/// Rewrites `node`'s subqueries and inputs, then its own expressions. Only a node
+/// that divides or averages is typed (its inputs' schemas merged), and only a node
+/// whose expressions or inputs changed has its schema derived anew: a child's output
+/// types may have changed where this node's expressions did not. Planning TPC-DS
+/// query 41 typed and re-derived every node of every plan (2.5 % of planning).
+fn rewrite_plan(node: LogicalPlan) -> DfResult<Transformed<LogicalPlan>> {
+    let below = node
+        .map_subqueries(rewrite_plan)?
+        .transform_sibling(|n| n.map_children(rewrite_plan))?;
+    let inputs_changed = below.transformed;
+    let node = below.data;
+    let here = if divides_or_averages(&node)? {
+        let schema = input_schema(&node)?;
+        let names = NamePreserver::new(&node);
+        node.map_expressions(|e| {
+            let saved = names.save(&e);
+            let t = e.transform_up(|x| Ok(rewrite(x, &schema)))?;
+            Ok(t.update_data(|e| saved.restore(e)))
+        })?
+    } else {
+        Transformed::no(node)
+    };
+    if inputs_changed || here.transformed {
+        Ok(Transformed::yes(here.data.recompute_schema()?))
+    } else {
+        Ok(here)
+    }
+}
+
+/// Whether any of `node`'s expressions divides or calls `avg` (what [`rewrite`]
+/// may change), without typing them.
+fn divides_or_averages(node: &LogicalPlan) -> DfResult<bool> {
+    let mut found = false;
+    node.apply_expressions(|e| {
+        e.apply(|x| {
+            found = match x {
+                Expr::BinaryExpr(b) => b.op == Operator::Divide,
+                Expr::AggregateFunction(a) => a.func.name() == "avg",
+                Expr::WindowFunction(w) => {
+                    matches!(&w.fun, WindowFunctionDefinition::AggregateUDF(f) if f.name() == "avg")
+                }
+                _ => false,
+            };
+            Ok(if found {
+                TreeNodeRecursion::Stop
+            } else {
+                TreeNodeRecursion::Continue
+            })
+        })
+    })?;
+    Ok(found)
 }
 
 /// The schema a node's expressions are evaluated against: its inputs' columns.
