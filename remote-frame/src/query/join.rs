@@ -1969,6 +1969,27 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_scan_drops_rows_whose_keys_the_sparse_build_keys_lack() {
+        // Build keys 0, 100, ..., 900: their bounds pass 90 % of the probe rows
+        // (b_val spans 0..999), too many to drop any; listed (10 keys over 901
+        // values: sparse), they pass the 1 % that can match, and the scan drops the
+        // rest although the join probes its probe side as it comes.
+        let sql = "SELECT a.b_key, b.b_key AS probe FROM big a JOIN big b ON a.b_key = b.b_val \
+                   WHERE a.b_pad < 3000 AND a.b_key % 100 = 0";
+        let matching = (0..ROWS).filter(|i| i * 7 % 1000 % 100 == 0).count();
+        let (env, frames) = env_and_frames();
+        let (out, got) = run(&env, &frames, Some(64 << 20), sql);
+        assert_eq!(got.height(), matching);
+        let text = out.explain_analyze();
+        assert!(text.contains("mode=CollectLeft"), "{text}");
+        assert_eq!(
+            plan_metric(&out, "rows_filtered", "RemoteScanExec"),
+            ROWS as usize - matching,
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_hybrid_join_publishes_bounds_over_all_its_partitions() {
         // Keys 0..9,999 built (30,000 rows of big filtered on b_pad, too many for
         // the budget): a hybrid join, whose in-memory partitions alone would give

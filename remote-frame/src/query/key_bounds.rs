@@ -11,9 +11,10 @@
 //! The spilling join takes the filter over from the join it wraps (which may see
 //! only some partitions of the build side, or swapped roles) and publishes
 //! [`KeyBounds`] gathered over every build row its partitions read, once all of them
-//! have read theirs. A single key of few build rows is also listed: the scan then
-//! drops the probe rows whose key is not among them (see `RowFilters` there), which
-//! bounds cannot do when the few keys are spread over the whole range.
+//! have read theirs. A single key of few build rows is also listed (for a join that
+//! probes as it comes, only keys sparse in their range): the scan then drops the
+//! probe rows whose key is not among them (see `RowFilters` there), which bounds
+//! cannot do when the few keys are spread over the whole range.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -55,10 +56,10 @@ pub(crate) struct KeyBounds {
 }
 
 impl KeyBounds {
-    /// Bounds over `keys`, which are also listed if `list` (a single key).
-    fn new(keys: Vec<Arc<dyn PhysicalExpr>>, list: bool) -> Self {
+    /// Bounds over `keys`, which are also listed if there is one.
+    fn new(keys: Vec<Arc<dyn PhysicalExpr>>) -> Self {
         let bounds = vec![None; keys.len()];
-        let listed = (list && keys.len() == 1).then(Vec::new);
+        let listed = (keys.len() == 1).then(Vec::new);
         KeyBounds {
             keys,
             bounds,
@@ -143,8 +144,8 @@ pub(crate) struct JoinKeyFilter {
     filter: Arc<DynamicFilterPhysicalExpr>,
     build_keys: Vec<Arc<dyn PhysicalExpr>>,
     probe_keys: Vec<Arc<dyn PhysicalExpr>>,
-    /// Whether the build keys are listed as well as bounded (see [`JoinKeyFilter::of`]).
-    list_keys: bool,
+    /// Whether the join runs repartitioned by key (see [`JoinKeyFilter::of`]).
+    repartitioned: bool,
     /// The join's partitions, each of which reports once.
     ways: usize,
     gathering: Mutex<Gathering>,
@@ -167,8 +168,9 @@ impl JoinKeyFilter {
     /// when the join runs `repartitioned` by key: its probe rows are then hashed and
     /// copied into partitions before they are probed, which the scan spares the rows
     /// it drops. Where the join probes its probe side as it comes, a probe of a small
-    /// build side costs about what the scan's test does, and listing made the 42 small
-    /// TPC-DS queries at 25 MiB 4 % slower.
+    /// build side costs about what the scan's test does (listing every such join made
+    /// the 42 small TPC-DS queries at 25 MiB 4 % slower): its keys are listed only
+    /// when they are sparse in their range (see [`SPARSE_KEYS_MOST_FRACTION`]).
     pub(crate) fn of(join: &HashJoinExec, ways: usize, repartitioned: bool) -> Option<Self> {
         let expr = join.dynamic_expressions_produced().into_iter().next()?;
         let any: Arc<dyn std::any::Any + Send + Sync> = expr;
@@ -187,7 +189,7 @@ impl JoinKeyFilter {
             filter,
             build_keys: join.on().iter().map(|(l, _)| l.clone()).collect(),
             probe_keys: join.on().iter().map(|(_, r)| r.clone()).collect(),
-            list_keys: repartitioned && join.on().len() == 1,
+            repartitioned,
             ways: ways.max(1),
             gathering: Mutex::new(Gathering::default()),
         })
@@ -195,7 +197,7 @@ impl JoinKeyFilter {
 
     /// Empty bounds over the build keys, for one partition to fill.
     pub(crate) fn bounds(&self) -> KeyBounds {
-        KeyBounds::new(self.build_keys.clone(), self.list_keys)
+        KeyBounds::new(self.build_keys.clone())
     }
 
     /// Bounds of the rows of `batches`.
@@ -238,7 +240,7 @@ impl JoinKeyFilter {
             return Ok(());
         };
         let listed = match (&bounds.listed, self.probe_keys.as_slice()) {
-            (Some(keys), [key]) => listed_keys(key, keys),
+            (Some(keys), [key]) => listed_keys(key, keys, !self.repartitioned),
             _ => None,
         };
         let ranges = self
@@ -263,62 +265,98 @@ impl JoinKeyFilter {
     }
 }
 
-/// The most bits of a [`KeySet`]: keys over a wider range are bounded only.
+/// The most bits of a [`KeySet`]: keys over a wider range share bits (a key's bit
+/// is its offset from the least key modulo this), which passes a few keys that are
+/// not among the build keys (at most [`LISTED_KEYS_MOST_ROWS`] keys in 2^20 bits: 1.6 %);
+/// the join above drops them.
 const KEY_SET_MOST_BITS: i64 = 1 << 20;
 
-/// `key IN (keys)` as a [`KeySet`], when the keys span at most [`KEY_SET_MOST_BITS`]
-/// (`None` otherwise, or for none: the bounds say as much).
-fn listed_keys(key: &Arc<dyn PhysicalExpr>, keys: &[i64]) -> Option<Arc<dyn PhysicalExpr>> {
+/// A join that probes its probe side as it comes (not repartitioned by key) has its
+/// build keys listed only when they take at most this fraction of their range: then
+/// the bounds pass far more probe rows than can match (q84's 210 customers'
+/// demographics out of 1.9 M, spread over all of them: probing them was half the
+/// query), while a scan testing each row of a dense set (a year of dates) would drop
+/// nothing the bounds had not.
+const SPARSE_KEYS_MOST_FRACTION: i64 = 16;
+
+/// `key IN (keys)` as a [`KeySet`] (`None` for no keys); when `sparse_only`, only if
+/// the keys are sparse in their range (see [`SPARSE_KEYS_MOST_FRACTION`]).
+fn listed_keys(
+    key: &Arc<dyn PhysicalExpr>,
+    keys: &[i64],
+    sparse_only: bool,
+) -> Option<Arc<dyn PhysicalExpr>> {
     let (&lo, &hi) = (keys.iter().min()?, keys.iter().max()?);
+    // At least 1: the keys' span may exceed i64 (then saturated).
     let span = hi.saturating_sub(lo).saturating_add(1);
-    if span > KEY_SET_MOST_BITS {
-        return None;
-    }
-    let mut bits = vec![0u64; (span as usize).div_ceil(64)];
+    let bits_len = span.min(KEY_SET_MOST_BITS) as u64;
+    let width = bits_len.next_power_of_two();
+    let mut bits = vec![0u64; width.div_ceil(64) as usize];
     for &k in keys {
-        let at = (k - lo) as usize;
+        let at = (k.wrapping_sub(lo) as u64 & (width - 1)) as usize;
         bits[at / 64] |= 1 << (at % 64);
+    }
+    let distinct: i64 = bits.iter().map(|w| i64::from(w.count_ones())).sum();
+    if sparse_only && distinct.saturating_mul(SPARSE_KEYS_MOST_FRACTION) > span {
+        return None;
     }
     Some(Arc::new(KeySet {
         key: key.clone(),
         lo,
+        hi,
+        mask: width - 1,
         bits: Arc::new(bits),
     }))
 }
 
 /// Whether an integer or date key is one of a set of build keys: a bitmap over
-/// the set's range, a bit test a row (DataFusion's `IN` list hashes each value).
-/// Null keys give null.
+/// the set's range (folded, see [`KEY_SET_MOST_BITS`]), a bit test a row
+/// (DataFusion's `IN` list hashes each value). Null keys give null.
 #[derive(Debug, Eq)]
 pub(crate) struct KeySet {
     key: Arc<dyn PhysicalExpr>,
-    /// The least key: bit `k - lo` is set for key `k`.
+    /// The least key: bit `(k - lo) & mask` is set for key `k`.
     lo: i64,
+    /// The greatest key.
+    hi: i64,
+    mask: u64,
     bits: Arc<Vec<u64>>,
 }
 
 impl PartialEq for KeySet {
     fn eq(&self, other: &Self) -> bool {
-        self.key.as_ref() == other.key.as_ref() && self.lo == other.lo && self.bits == other.bits
+        self.key.as_ref() == other.key.as_ref()
+            && (self.lo, self.hi, self.mask) == (other.lo, other.hi, other.mask)
+            && self.bits == other.bits
     }
 }
 
 impl std::hash::Hash for KeySet {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.key.hash(state);
-        self.lo.hash(state);
+        (self.lo, self.hi, self.mask).hash(state);
         self.bits.hash(state);
     }
 }
 
 impl KeySet {
     fn contains(&self, k: i64) -> bool {
-        let Some(at) = k.checked_sub(self.lo).and_then(|d| usize::try_from(d).ok()) else {
-            return false;
-        };
-        self.bits
+        // One unsigned comparison for both bounds; the bit of an offset past the
+        // range is read but not kept (the mask keeps it inside the bitmap).
+        let offset = k.wrapping_sub(self.lo) as u64;
+        let in_range = offset <= self.hi.wrapping_sub(self.lo) as u64;
+        let at = (offset & self.mask) as usize;
+        let bit = self
+            .bits
             .get(at / 64)
-            .is_some_and(|word| word & (1 << (at % 64)) != 0)
+            .is_some_and(|word| word & (1 << (at % 64)) != 0);
+        in_range & bit
+    }
+
+    /// Whether each row of `batch` has one of the keys (null for a null key).
+    pub(crate) fn mask(&self, batch: &RecordBatch) -> DfResult<BooleanArray> {
+        let keys = self.key.evaluate(batch)?.into_array(batch.num_rows())?;
+        self.test(&keys)
     }
 
     /// The set's test over an integer or date array of keys.
@@ -370,8 +408,7 @@ impl PhysicalExpr for KeySet {
     }
 
     fn evaluate(&self, batch: &RecordBatch) -> DfResult<ColumnarValue> {
-        let keys = self.key.evaluate(batch)?.into_array(batch.num_rows())?;
-        Ok(ColumnarValue::Array(Arc::new(self.test(&keys)?)))
+        Ok(ColumnarValue::Array(Arc::new(self.mask(batch)?)))
     }
 
     fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
@@ -388,6 +425,8 @@ impl PhysicalExpr for KeySet {
         Ok(Arc::new(KeySet {
             key,
             lo: self.lo,
+            hi: self.hi,
+            mask: self.mask,
             bits: self.bits.clone(),
         }))
     }
@@ -421,7 +460,7 @@ mod tests {
     #[test]
     fn a_key_set_passes_exactly_the_build_keys_and_leaves_null_keys_null() {
         let (schema, key) = one_key(DataType::Int32);
-        let set = listed_keys(&key, &[7, 1000, 7, -3]).unwrap();
+        let set = listed_keys(&key, &[7, 1000, 7, -3], false).unwrap();
         let probe: ArrayRef = Arc::new(Int32Array::from(vec![
             Some(7),
             Some(8),
@@ -454,12 +493,51 @@ mod tests {
     }
 
     #[test]
-    fn keys_spanning_too_wide_a_range_or_none_at_all_give_no_set() {
+    fn keys_over_a_wide_range_share_bits_and_every_build_key_passes() {
+        let (schema, key) = one_key(DataType::Int64);
+        let wide = KEY_SET_MOST_BITS;
+        let set = listed_keys(&key, &[0, wide, 3 * wide + 5], false).unwrap();
+        let probe: ArrayRef = Arc::new(Int64Array::from(vec![
+            0,
+            wide,
+            3 * wide + 5,
+            // Folded onto a build key's bit: passed (the join drops it).
+            2 * wide,
+            1,
+            wide + 1,
+            -1,
+            3 * wide + 6,
+        ]));
+        let got = set
+            .evaluate(&batch_of(&schema, probe))
+            .unwrap()
+            .into_array(8)
+            .unwrap();
+        let want = BooleanArray::from(vec![true, true, true, true, false, false, false, false]);
+        assert_eq!(got.as_boolean(), &want);
+        // Keys spanning all of i64 are listed too, and pass.
+        let all = listed_keys(&key, &[i64::MIN, i64::MAX], false).unwrap();
+        let extremes: ArrayRef = Arc::new(Int64Array::from(vec![i64::MIN, i64::MAX]));
+        let got = all
+            .evaluate(&batch_of(&schema, extremes))
+            .unwrap()
+            .into_array(2)
+            .unwrap();
+        assert_eq!(got.as_boolean(), &BooleanArray::from(vec![true, true]));
+        assert!(listed_keys(&key, &[], false).is_none());
+    }
+
+    #[test]
+    fn dense_keys_are_listed_only_where_any_keys_would_be() {
         let (_, key) = one_key(DataType::Int64);
-        assert!(listed_keys(&key, &[0, KEY_SET_MOST_BITS - 1]).is_some());
-        assert!(listed_keys(&key, &[0, KEY_SET_MOST_BITS]).is_none());
-        assert!(listed_keys(&key, &[i64::MIN, i64::MAX]).is_none());
-        assert!(listed_keys(&key, &[]).is_none());
+        let dense: Vec<i64> = (100..200).collect();
+        assert!(listed_keys(&key, &dense, true).is_none());
+        assert!(listed_keys(&key, &dense, false).is_some());
+        // 2 keys over 32 values: exactly a sixteenth, sparse enough; 3 are not.
+        assert!(listed_keys(&key, &[0, 31], true).is_some());
+        assert!(listed_keys(&key, &[0, 15, 31], true).is_none());
+        // Duplicates count once.
+        assert!(listed_keys(&key, &[0, 0, 0, 31, 31], true).is_some());
     }
 
     #[test]
@@ -471,13 +549,13 @@ mod tests {
                 Arc::new(Int64Array::from_iter_values(from..from + n)),
             )
         };
-        let mut few = KeyBounds::new(vec![key.clone()], true);
+        let mut few = KeyBounds::new(vec![key.clone()]);
         few.add(&rows(10, 100)).unwrap();
         assert_eq!(few.listed.as_ref().map(Vec::len), Some(10));
-        let mut at_cap = KeyBounds::new(vec![key.clone()], true);
+        let mut at_cap = KeyBounds::new(vec![key.clone()]);
         at_cap.add(&rows(LISTED_KEYS_MOST_ROWS as i64, 0)).unwrap();
         assert!(at_cap.listed.is_some());
-        let mut small = KeyBounds::new(vec![key.clone()], true);
+        let mut small = KeyBounds::new(vec![key.clone()]);
         small.add(&rows(5, 500)).unwrap();
         few.merge(small);
         assert_eq!(few.listed.as_ref().map(Vec::len), Some(15));
@@ -491,27 +569,22 @@ mod tests {
                 ScalarValue::Int64(Some(LISTED_KEYS_MOST_ROWS as i64 - 1))
             ))
         );
-        let mut over = KeyBounds::new(vec![key.clone()], true);
+        let mut over = KeyBounds::new(vec![key.clone()]);
         over.add(&rows(LISTED_KEYS_MOST_ROWS as i64 + 1, 0))
             .unwrap();
         assert!(over.listed.is_none());
         // Null keys are not listed; a key beyond i64 stops the listing.
         let (nullable, key32) = one_key(DataType::Int32);
-        let mut with_nulls = KeyBounds::new(vec![key32], true);
+        let mut with_nulls = KeyBounds::new(vec![key32]);
         let some_null: ArrayRef = Arc::new(Int32Array::from(vec![Some(7), None, Some(-3)]));
         with_nulls.add(&batch_of(&nullable, some_null)).unwrap();
         assert_eq!(with_nulls.listed, Some(vec![7, -3]));
         let (unsigned, key64) = one_key(DataType::UInt64);
-        let mut huge = KeyBounds::new(vec![key64], true);
+        let mut huge = KeyBounds::new(vec![key64]);
         let beyond: ArrayRef = Arc::new(UInt64Array::from(vec![1, u64::MAX]));
         huge.add(&batch_of(&unsigned, beyond)).unwrap();
         assert!(huge.listed.is_none());
-        // Not asked for, or two keys: never listed.
-        let mut unasked = KeyBounds::new(vec![key.clone()], false);
-        unasked.add(&rows(3, 0)).unwrap();
-        assert!(unasked.listed.is_none());
-        assert!(KeyBounds::new(vec![key.clone(), key], true)
-            .listed
-            .is_none());
+        // Two keys: never listed.
+        assert!(KeyBounds::new(vec![key.clone(), key]).listed.is_none());
     }
 }
