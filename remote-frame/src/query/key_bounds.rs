@@ -528,7 +528,7 @@ mod tests {
     }
 
     #[test]
-    fn dense_keys_are_listed_only_where_any_keys_would_be() {
+    fn dense_keys_are_not_listed_where_only_sparse_ones_are() {
         let (_, key) = one_key(DataType::Int64);
         let dense: Vec<i64> = (100..200).collect();
         assert!(listed_keys(&key, &dense, true).is_none());
