@@ -671,7 +671,7 @@ impl JoinRun {
             .execute(self.partition, self.context.clone())?;
         if build.overflow.is_none() {
             if let Some(f) = &self.key_filter {
-                f.report(Some(f.bounds_of(&build.held)?))?;
+                f.report(Some(f.bounds_of(&build.held)?), self.context.memory_pool())?;
             }
             if build.held.iter().all(|b| b.num_rows() == 0)
                 && self
@@ -708,7 +708,7 @@ impl JoinRun {
                 self.swapped_roles.add(1);
                 // The probe side is read already; the build side never whole.
                 if let Some(f) = &self.key_filter {
-                    f.report(None)?;
+                    f.report(None, self.context.memory_pool())?;
                 }
                 let left = build.chain(left_schema, left);
                 return self.swapped_join(left, probe.into_build(right_schema));
@@ -811,7 +811,7 @@ impl JoinRun {
         .await?;
         let (held, split) = if build.overflow.is_none() {
             if let Some(f) = &self.key_filter {
-                f.report(Some(f.bounds_of(&build.held)?))?;
+                f.report(Some(f.bounds_of(&build.held)?), self.context.memory_pool())?;
             }
             (build.into_build(left_schema), None)
         } else {
@@ -898,7 +898,7 @@ impl JoinRun {
         drop(rows);
         let build = partitions.finish_with_state(|held| self.table_bytes(held))?;
         if let Some(f) = &self.key_filter {
-            f.report(bounds)?;
+            f.report(bounds, self.context.memory_pool())?;
         }
         self.spilled_partitions
             .add(build.spilled.iter().filter(|&&s| s).count());

@@ -29,6 +29,7 @@ use arrow_buffer::BooleanBuffer;
 use arrow_schema::{DataType, Schema};
 use datafusion::arrow::compute::cast;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
 use datafusion::logical_expr::ColumnarValue;
 use datafusion::logical_expr::{Accumulator, Operator};
@@ -213,8 +214,13 @@ impl JoinKeyFilter {
     /// (`None`). When the last partition reports, the probe keys' filter becomes
     /// `key >= min AND key <= max` for every key (`false` if no build row has a key),
     /// and for a single key of at most [`LISTED_KEYS_MOST_ROWS`] build rows also
-    /// `key IN (the build keys)`.
-    pub(crate) fn report(&self, bounds: Option<KeyBounds>) -> DfResult<()> {
+    /// `key IN (the build keys)`, its bitmap reserved from `pool` (the bounds alone
+    /// when the pool has no room for it).
+    pub(crate) fn report(
+        &self,
+        bounds: Option<KeyBounds>,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> DfResult<()> {
         let mut g = self
             .gathering
             .lock()
@@ -240,7 +246,9 @@ impl JoinKeyFilter {
             return Ok(());
         };
         let listed = match (&bounds.listed, self.probe_keys.as_slice()) {
-            (Some(keys), [key]) => listed_keys(key, keys, !self.repartitioned),
+            (Some(keys), [key]) => {
+                listed_keys(key, keys, !self.repartitioned).and_then(|set| set.reserved(pool))
+            }
             _ => None,
         };
         let ranges = self
@@ -281,11 +289,7 @@ const SPARSE_KEYS_MOST_FRACTION: i64 = 16;
 
 /// `key IN (keys)` as a [`KeySet`] (`None` for no keys); when `sparse_only`, only if
 /// the keys are sparse in their range (see [`SPARSE_KEYS_MOST_FRACTION`]).
-fn listed_keys(
-    key: &Arc<dyn PhysicalExpr>,
-    keys: &[i64],
-    sparse_only: bool,
-) -> Option<Arc<dyn PhysicalExpr>> {
+fn listed_keys(key: &Arc<dyn PhysicalExpr>, keys: &[i64], sparse_only: bool) -> Option<KeySet> {
     let (&lo, &hi) = (keys.iter().min()?, keys.iter().max()?);
     // At least 1: the keys' span may exceed i64 (then saturated).
     let span = hi.saturating_sub(lo).saturating_add(1);
@@ -300,19 +304,20 @@ fn listed_keys(
     if sparse_only && distinct.saturating_mul(SPARSE_KEYS_MOST_FRACTION) > span {
         return None;
     }
-    Some(Arc::new(KeySet {
+    Some(KeySet {
         key: key.clone(),
         lo,
         hi,
         mask: width - 1,
         bits: Arc::new(bits),
-    }))
+        reservation: None,
+    })
 }
 
 /// Whether an integer or date key is one of a set of build keys: a bitmap over
 /// the set's range (folded, see [`KEY_SET_MOST_BITS`]), a bit test a row
 /// (DataFusion's `IN` list hashes each value). Null keys give null.
-#[derive(Debug, Eq)]
+#[derive(Debug)]
 pub(crate) struct KeySet {
     key: Arc<dyn PhysicalExpr>,
     /// The least key: bit `(k - lo) & mask` is set for key `k`.
@@ -321,7 +326,12 @@ pub(crate) struct KeySet {
     hi: i64,
     mask: u64,
     bits: Arc<Vec<u64>>,
+    /// The bitmap's memory, reserved from the query's pool (shared by the set's
+    /// copies; given back when the last goes).
+    reservation: Option<Arc<MemoryReservation>>,
 }
+
+impl Eq for KeySet {}
 
 impl PartialEq for KeySet {
     fn eq(&self, other: &Self) -> bool {
@@ -340,6 +350,17 @@ impl std::hash::Hash for KeySet {
 }
 
 impl KeySet {
+    /// The set with its bitmap's memory reserved from `pool`; `None` when the pool
+    /// has no room for it (the bounds are then published alone).
+    fn reserved(mut self, pool: &Arc<dyn MemoryPool>) -> Option<Arc<dyn PhysicalExpr>> {
+        let reservation = MemoryConsumer::new("hash join key set").register(pool);
+        reservation
+            .try_grow(self.bits.len() * std::mem::size_of::<u64>())
+            .ok()?;
+        self.reservation = Some(Arc::new(reservation));
+        Some(Arc::new(self))
+    }
+
     fn contains(&self, k: i64) -> bool {
         // One unsigned comparison for both bounds; the bit of an offset past the
         // range is read but not kept (the mask keeps it inside the bitmap).
@@ -428,6 +449,7 @@ impl PhysicalExpr for KeySet {
             hi: self.hi,
             mask: self.mask,
             bits: self.bits.clone(),
+            reservation: self.reservation.clone(),
         }))
     }
 
@@ -525,6 +547,34 @@ mod tests {
             .unwrap();
         assert_eq!(got.as_boolean(), &BooleanArray::from(vec![true, true]));
         assert!(listed_keys(&key, &[], false).is_none());
+    }
+
+    #[test]
+    fn a_key_sets_bitmap_is_reserved_while_a_copy_lives_and_needs_room() {
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        let (schema, key) = one_key(DataType::Int64);
+        // 2^20 bits: 128 KiB.
+        let keys = [0, KEY_SET_MOST_BITS - 1];
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 20));
+        let set = listed_keys(&key, &keys, false)
+            .unwrap()
+            .reserved(&pool)
+            .unwrap();
+        assert_eq!(pool.reserved(), 128 << 10);
+        let copy = set
+            .clone()
+            .with_new_children(vec![col("k", &schema).unwrap()]);
+        drop(set);
+        assert_eq!(pool.reserved(), 128 << 10);
+        drop(copy);
+        assert_eq!(pool.reserved(), 0);
+        // No room: not listed, nothing held.
+        let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(64 << 10));
+        assert!(listed_keys(&key, &keys, false)
+            .unwrap()
+            .reserved(&small)
+            .is_none());
+        assert_eq!(small.reserved(), 0);
     }
 
     #[test]
