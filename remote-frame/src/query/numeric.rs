@@ -70,14 +70,7 @@ fn divides_or_averages(node: &LogicalPlan) -> DfResult<bool> {
     let mut found = false;
     node.apply_expressions(|e| {
         e.apply(|x| {
-            found = match x {
-                Expr::BinaryExpr(b) => b.op == Operator::Divide,
-                Expr::AggregateFunction(a) => a.func.name() == "avg",
-                Expr::WindowFunction(w) => {
-                    matches!(&w.fun, WindowFunctionDefinition::AggregateUDF(f) if f.name() == "avg")
-                }
-                _ => false,
-            };
+            found = divides_or_averages_here(x);
             Ok(if found {
                 TreeNodeRecursion::Stop
             } else {
@@ -115,12 +108,26 @@ fn double(e: Expr) -> Expr {
     Expr::Cast(Cast::new(Box::new(e), DataType::Float64))
 }
 
-fn rewrite(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
+/// Whether `e` itself (not its operands) divides or calls `avg`.
+fn divides_or_averages_here(e: &Expr) -> bool {
     match e {
-        Expr::BinaryExpr(b)
-            if b.op == Operator::Divide
-                && (is_decimal(&b.left, schema) || is_decimal(&b.right, schema)) =>
-        {
+        Expr::BinaryExpr(b) => b.op == Operator::Divide,
+        Expr::AggregateFunction(a) => a.func.name() == "avg",
+        Expr::WindowFunction(w) => {
+            matches!(&w.fun, WindowFunctionDefinition::AggregateUDF(f) if f.name() == "avg")
+        }
+        _ => false,
+    }
+}
+
+fn rewrite(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
+    if !divides_or_averages_here(&e) {
+        return Transformed::no(e);
+    }
+    // A division or an `avg`, as `divides_or_averages_here` says: doubles when an
+    // operand or the argument is a decimal.
+    match e {
+        Expr::BinaryExpr(b) if is_decimal(&b.left, schema) || is_decimal(&b.right, schema) => {
             Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
                 Box::new(double(*b.left)),
                 Operator::Divide,
@@ -128,8 +135,7 @@ fn rewrite(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
             )))
         }
         Expr::AggregateFunction(mut a)
-            if a.func.name() == "avg"
-                && a.params.args.first().is_some_and(|x| is_decimal(x, schema)) =>
+            if a.params.args.first().is_some_and(|x| is_decimal(x, schema)) =>
         {
             a.params.args = std::mem::take(&mut a.params.args)
                 .into_iter()
@@ -138,8 +144,7 @@ fn rewrite(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
             Transformed::yes(Expr::AggregateFunction(AggregateFunction { ..a }))
         }
         Expr::WindowFunction(mut w)
-            if matches!(&w.fun, WindowFunctionDefinition::AggregateUDF(f) if f.name() == "avg")
-                && w.params.args.first().is_some_and(|x| is_decimal(x, schema)) =>
+            if w.params.args.first().is_some_and(|x| is_decimal(x, schema)) =>
         {
             w.params.args = std::mem::take(&mut w.params.args)
                 .into_iter()

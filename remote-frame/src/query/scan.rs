@@ -893,11 +893,6 @@ impl RowFilters {
     }
 }
 
-/// `filter` on `batch` when it is a join's key range, `key >= lo AND key <= hi` over
-/// an integer or date column: one pass and one unsigned comparison a row,
-/// `(key - lo) as u64 <= hi - lo`, where evaluating it as written takes two
-/// comparison kernels and an AND (arrow's comparison kernel was 15 % of q96's
-/// profile). Null keys are not kept, as the filter keeps none. `None`: another filter.
 /// `filter` on `batch` when it is a join's key range and the set of its build keys
 /// (`range AND key IN (…)`, see [`KeySet`]): the set's test alone, which passes no key
 /// outside the range, where evaluating the filter as written takes two comparison
@@ -915,6 +910,11 @@ fn key_set_mask(
     Some(set.mask(batch))
 }
 
+/// `filter` on `batch` when it is a join's key range, `key >= lo AND key <= hi` over
+/// an integer or date column: one pass and one unsigned comparison a row,
+/// `(key - lo) as u64 <= hi - lo`, where evaluating it as written takes two
+/// comparison kernels and an AND (arrow's comparison kernel was 15 % of q96's
+/// profile). Null keys are not kept, as the filter keeps none. `None`: another filter.
 fn range_mask(filter: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Option<BooleanArray> {
     let and = filter.downcast_ref::<BinaryExpr>()?;
     if *and.op() != Operator::And {
