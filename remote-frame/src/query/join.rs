@@ -671,7 +671,10 @@ impl JoinRun {
             .execute(self.partition, self.context.clone())?;
         if build.overflow.is_none() {
             if let Some(f) = &self.key_filter {
-                f.report(Some(f.bounds_of(&build.held)?), self.context.memory_pool())?;
+                f.report(
+                    Some(f.bounds_of(&build.held, self.context.memory_pool())?),
+                    self.context.memory_pool(),
+                )?;
             }
             if build.held.iter().all(|b| b.num_rows() == 0)
                 && self
@@ -811,7 +814,10 @@ impl JoinRun {
         .await?;
         let (held, split) = if build.overflow.is_none() {
             if let Some(f) = &self.key_filter {
-                f.report(Some(f.bounds_of(&build.held)?), self.context.memory_pool())?;
+                f.report(
+                    Some(f.bounds_of(&build.held, self.context.memory_pool())?),
+                    self.context.memory_pool(),
+                )?;
             }
             (build.into_build(left_schema), None)
         } else {
@@ -887,7 +893,10 @@ impl JoinRun {
         // The rows read so far (see `Prefix::chain`) are handed to the partitions
         // one by one, each giving its share back as it goes, so nothing is counted
         // twice.
-        let mut bounds = self.key_filter.as_ref().map(|f| f.bounds());
+        let mut bounds = self
+            .key_filter
+            .as_ref()
+            .map(|f| f.unlisted_bounds(self.context.memory_pool()));
         while let Some(batch) = rows.next().await {
             let batch = batch?;
             if let Some(b) = &mut bounds {
@@ -898,6 +907,11 @@ impl JoinRun {
         drop(rows);
         let build = partitions.finish_with_state(|held| self.table_bytes(held))?;
         if let Some(f) = &self.key_filter {
+            if let Some(b) = &mut bounds {
+                if !build.spilled.contains(&true) {
+                    b.list_held(&build.held)?;
+                }
+            }
             f.report(bounds, self.context.memory_pool())?;
         }
         self.spilled_partitions

@@ -40,8 +40,9 @@ use datafusion::physical_plan::ExecutionPlan;
 
 /// Build rows of a single-key join whose keys the filter also lists: a probe row's
 /// key is then looked up among them (q94's 135 orders out of web_sales' 720 K, whose
-/// bounds span every order), beside the bounds. The keys are copied as they are
-/// read (128 KiB at most), not held in the build batches' buffers, which may spill.
+/// bounds span every order), beside the bounds. The keys are copied (128 KiB at
+/// most, reserved from the query's pool), not held in the build batches' buffers,
+/// which may spill.
 const LISTED_KEYS_MOST_ROWS: usize = 1 << 14;
 
 /// Minimum and maximum of each build key over the rows seen (nulls never match),
@@ -52,19 +53,24 @@ pub(crate) struct KeyBounds {
     /// Per key: `None` until a non-null key is seen.
     bounds: Vec<Option<(ScalarValue, ScalarValue)>>,
     /// The single key's non-null values seen, as `i64`s (`None`: more than
-    /// [`LISTED_KEYS_MOST_ROWS`] rows, a value beyond `i64`, or several keys).
+    /// [`LISTED_KEYS_MOST_ROWS`] rows, a value beyond `i64`, several keys, no room
+    /// in the pool for them, or not listed as rows come).
     listed: Option<Vec<i64>>,
+    /// The memory of `listed`, reserved before it grows (none once it is `None`).
+    listed_reservation: MemoryReservation,
 }
 
 impl KeyBounds {
-    /// Bounds over `keys`, which are also listed if there is one.
-    fn new(keys: Vec<Arc<dyn PhysicalExpr>>) -> Self {
+    /// Bounds over `keys`, which are also listed if there is one, the list's memory
+    /// reserved from `pool`.
+    fn new(keys: Vec<Arc<dyn PhysicalExpr>>, pool: &Arc<dyn MemoryPool>) -> Self {
         let bounds = vec![None; keys.len()];
         let listed = (keys.len() == 1).then(Vec::new);
         KeyBounds {
             keys,
             bounds,
             listed,
+            listed_reservation: MemoryConsumer::new("hash join key list").register(pool),
         }
     }
 
@@ -72,16 +78,8 @@ impl KeyBounds {
     pub(crate) fn add(&mut self, batch: &RecordBatch) -> DfResult<()> {
         for (key, bound) in self.keys.iter().zip(&mut self.bounds) {
             let values = key.evaluate(batch)?.into_array(batch.num_rows())?;
-            if let Some(listed) = &mut self.listed {
-                // A value `i64` cannot hold becomes null in the cast: not listed.
-                let ints = cast(&values, &DataType::Int64)?;
-                if listed.len() + values.len() <= LISTED_KEYS_MOST_ROWS
-                    && ints.null_count() == values.null_count()
-                {
-                    listed.extend(ints.as_primitive::<Int64Type>().iter().flatten());
-                } else {
-                    self.listed = None;
-                }
+            if self.listed.is_some() {
+                list_values(&mut self.listed, &mut self.listed_reservation, &values)?;
             }
             let (lo, hi) = min_max(&values)?;
             if lo.is_null() || hi.is_null() {
@@ -95,22 +93,85 @@ impl KeyBounds {
         Ok(())
     }
 
-    fn merge(&mut self, other: KeyBounds) {
-        self.listed = match (self.listed.take(), other.listed) {
-            (Some(mut mine), Some(theirs))
-                if mine.len() + theirs.len() <= LISTED_KEYS_MOST_ROWS =>
-            {
-                mine.extend(theirs);
-                Some(mine)
-            }
-            _ => None,
+    /// Lists the single key of `held`: all the rows of a build side read with
+    /// [`JoinKeyFilter::unlisted_bounds`] (whose bounds are these).
+    pub(crate) fn list_held(&mut self, held: &[RecordBatch]) -> DfResult<()> {
+        let [key] = self.keys.as_slice() else {
+            return Ok(());
         };
+        self.listed = Some(Vec::new());
+        for batch in held {
+            let values = key.evaluate(batch)?.into_array(batch.num_rows())?;
+            list_values(&mut self.listed, &mut self.listed_reservation, &values)?;
+            if self.listed.is_none() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn merge(&mut self, mut other: KeyBounds) {
+        // Their keys' memory is given back once they are copied into this list.
+        let theirs = other.listed.take();
+        list(
+            &mut self.listed,
+            &mut self.listed_reservation,
+            theirs.map(|keys| (keys.len(), keys.into_iter())),
+        );
         for (mine, theirs) in self.bounds.iter_mut().zip(other.bounds) {
             *mine = match (mine.take(), theirs) {
                 (Some((a, b)), Some((c, d))) => Some((least(a, c), greatest(b, d))),
                 (one, other) => one.or(other),
             };
         }
+    }
+}
+
+/// Takes the non-null `values` into `listed` (see [`list`]); a value `i64` cannot
+/// hold stops the listing.
+fn list_values(
+    listed: &mut Option<Vec<i64>>,
+    reservation: &mut MemoryReservation,
+    values: &ArrayRef,
+) -> DfResult<()> {
+    // A value `i64` cannot hold becomes null in the cast.
+    let ints = cast(values, &DataType::Int64)?;
+    let ints = ints.as_primitive::<Int64Type>();
+    let all = ints.null_count() == values.null_count();
+    let count = ints.len() - ints.null_count();
+    list(
+        listed,
+        reservation,
+        all.then(|| (count, ints.iter().flatten())),
+    );
+    Ok(())
+}
+
+/// Takes the `count` keys `more` into `listed`, reserving their memory first; stops
+/// listing (`listed` becomes `None`, its memory given back) when there are no keys
+/// to take (`None`: some cannot be listed), they would pass
+/// [`LISTED_KEYS_MOST_ROWS`], or the pool has no room for them.
+fn list(
+    listed: &mut Option<Vec<i64>>,
+    reservation: &mut MemoryReservation,
+    more: Option<(usize, impl Iterator<Item = i64>)>,
+) {
+    let taken = match (listed.as_mut(), more) {
+        (Some(keys), Some((count, more))) if keys.len() + count <= LISTED_KEYS_MOST_ROWS => {
+            let bytes = (keys.len() + count) * std::mem::size_of::<i64>();
+            let grow = bytes.saturating_sub(reservation.size());
+            let room = grow == 0 || reservation.try_grow(grow).is_ok();
+            if room {
+                keys.reserve_exact(count);
+                keys.extend(more);
+            }
+            room
+        }
+        _ => false,
+    };
+    if !taken {
+        *listed = None;
+        reservation.free();
     }
 }
 
@@ -196,14 +257,30 @@ impl JoinKeyFilter {
         })
     }
 
-    /// Empty bounds over the build keys, for one partition to fill.
-    pub(crate) fn bounds(&self) -> KeyBounds {
-        KeyBounds::new(self.build_keys.clone())
+    /// Empty bounds over the build keys, for one partition to fill (a listed key's
+    /// memory reserved from `pool`).
+    pub(crate) fn bounds(&self, pool: &Arc<dyn MemoryPool>) -> KeyBounds {
+        KeyBounds::new(self.build_keys.clone(), pool)
+    }
+
+    /// Empty bounds over the build keys for a partition whose build rows may spill
+    /// as they are read: its keys are not listed as they come (the copies would take
+    /// memory the rows need: a build side of 10 K rows of two integer columns lists
+    /// 80 KB of keys, half its size), but from the rows kept once it has read them
+    /// all, if none spilled ([`KeyBounds::list_held`]).
+    pub(crate) fn unlisted_bounds(&self, pool: &Arc<dyn MemoryPool>) -> KeyBounds {
+        let mut bounds = self.bounds(pool);
+        bounds.listed = None;
+        bounds
     }
 
     /// Bounds of the rows of `batches`.
-    pub(crate) fn bounds_of(&self, batches: &[RecordBatch]) -> DfResult<KeyBounds> {
-        let mut bounds = self.bounds();
+    pub(crate) fn bounds_of(
+        &self,
+        batches: &[RecordBatch],
+        pool: &Arc<dyn MemoryPool>,
+    ) -> DfResult<KeyBounds> {
+        let mut bounds = self.bounds(pool);
         for b in batches {
             bounds.add(b)?;
         }
@@ -467,6 +544,7 @@ mod tests {
     use super::*;
     use arrow_array::{Int32Array, Int64Array, UInt64Array};
     use arrow_schema::Field;
+    use datafusion::execution::memory_pool::UnboundedMemoryPool;
     use datafusion::physical_expr::expressions::col;
 
     fn one_key(data_type: DataType) -> (Arc<Schema>, Arc<dyn PhysicalExpr>) {
@@ -592,6 +670,7 @@ mod tests {
 
     #[test]
     fn build_keys_are_listed_for_one_key_while_they_are_few() {
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
         let (schema, key) = one_key(DataType::Int64);
         let rows = |n: i64, from: i64| {
             batch_of(
@@ -599,13 +678,13 @@ mod tests {
                 Arc::new(Int64Array::from_iter_values(from..from + n)),
             )
         };
-        let mut few = KeyBounds::new(vec![key.clone()]);
+        let mut few = KeyBounds::new(vec![key.clone()], &pool);
         few.add(&rows(10, 100)).unwrap();
         assert_eq!(few.listed.as_ref().map(Vec::len), Some(10));
-        let mut at_cap = KeyBounds::new(vec![key.clone()]);
+        let mut at_cap = KeyBounds::new(vec![key.clone()], &pool);
         at_cap.add(&rows(LISTED_KEYS_MOST_ROWS as i64, 0)).unwrap();
         assert!(at_cap.listed.is_some());
-        let mut small = KeyBounds::new(vec![key.clone()]);
+        let mut small = KeyBounds::new(vec![key.clone()], &pool);
         small.add(&rows(5, 500)).unwrap();
         few.merge(small);
         assert_eq!(few.listed.as_ref().map(Vec::len), Some(15));
@@ -619,22 +698,94 @@ mod tests {
                 ScalarValue::Int64(Some(LISTED_KEYS_MOST_ROWS as i64 - 1))
             ))
         );
-        let mut over = KeyBounds::new(vec![key.clone()]);
+        let mut over = KeyBounds::new(vec![key.clone()], &pool);
         over.add(&rows(LISTED_KEYS_MOST_ROWS as i64 + 1, 0))
             .unwrap();
         assert!(over.listed.is_none());
         // Null keys are not listed; a key beyond i64 stops the listing.
         let (nullable, key32) = one_key(DataType::Int32);
-        let mut with_nulls = KeyBounds::new(vec![key32]);
+        let mut with_nulls = KeyBounds::new(vec![key32], &pool);
         let some_null: ArrayRef = Arc::new(Int32Array::from(vec![Some(7), None, Some(-3)]));
         with_nulls.add(&batch_of(&nullable, some_null)).unwrap();
         assert_eq!(with_nulls.listed, Some(vec![7, -3]));
         let (unsigned, key64) = one_key(DataType::UInt64);
-        let mut huge = KeyBounds::new(vec![key64]);
+        let mut huge = KeyBounds::new(vec![key64], &pool);
         let beyond: ArrayRef = Arc::new(UInt64Array::from(vec![1, u64::MAX]));
         huge.add(&batch_of(&unsigned, beyond)).unwrap();
         assert!(huge.listed.is_none());
         // Two keys: never listed.
-        assert!(KeyBounds::new(vec![key.clone(), key]).listed.is_none());
+        assert!(KeyBounds::new(vec![key.clone(), key], &pool)
+            .listed
+            .is_none());
+    }
+
+    #[test]
+    fn a_build_side_that_may_spill_lists_its_keys_from_the_rows_held_after_reading() {
+        let (schema, key) = one_key(DataType::Int64);
+        let rows = |from: i64, n: i64| {
+            batch_of(
+                &schema,
+                Arc::new(Int64Array::from_iter_values(from..from + n)),
+            )
+        };
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let filter_keys = KeyBounds::new(vec![key.clone()], &pool);
+        let mut bounds = KeyBounds {
+            listed: None,
+            ..filter_keys
+        };
+        let held = [rows(0, 100), rows(500, 50)];
+        for b in &held {
+            bounds.add(b).unwrap();
+        }
+        // Read as they came: bounds only, no copies held beside the rows.
+        assert!(bounds.listed.is_none());
+        assert_eq!(pool.reserved(), 0);
+        bounds.list_held(&held).unwrap();
+        let listed = bounds.listed.clone().unwrap();
+        assert_eq!(listed.len(), 150);
+        assert!(listed.contains(&0) && listed.contains(&549) && !listed.contains(&100));
+        assert_eq!(pool.reserved(), 150 * 8);
+        assert_eq!(
+            bounds.bounds[0],
+            Some((ScalarValue::Int64(Some(0)), ScalarValue::Int64(Some(549))))
+        );
+        drop(bounds);
+        assert_eq!(pool.reserved(), 0);
+    }
+
+    #[test]
+    fn listed_build_keys_are_reserved_and_given_back_or_not_listed_without_room() {
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        let (schema, key) = one_key(DataType::Int64);
+        let rows = |n: i64| batch_of(&schema, Arc::new(Int64Array::from_iter_values(0..n)));
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 20));
+        let mut one = KeyBounds::new(vec![key.clone()], &pool);
+        one.add(&rows(1000)).unwrap();
+        assert_eq!(pool.reserved(), 8000);
+        let mut other = KeyBounds::new(vec![key.clone()], &pool);
+        other.add(&rows(500)).unwrap();
+        assert_eq!(pool.reserved(), 12_000);
+        // Merged, the other's keys are held once: by the list they joined.
+        one.merge(other);
+        assert_eq!(one.listed.as_ref().map(Vec::len), Some(1500));
+        assert_eq!(pool.reserved(), 12_000);
+        // Past the most rows the list goes, and its memory with it.
+        one.add(&rows(LISTED_KEYS_MOST_ROWS as i64)).unwrap();
+        assert!(one.listed.is_none());
+        assert_eq!(pool.reserved(), 0);
+        // A pool without room for the keys: bounds alone, nothing held.
+        let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(4 << 10));
+        let mut bounds = KeyBounds::new(vec![key], &small);
+        bounds.add(&rows(1000)).unwrap();
+        assert!(bounds.listed.is_none());
+        assert_eq!(small.reserved(), 0);
+        assert_eq!(
+            bounds.bounds[0],
+            Some((ScalarValue::Int64(Some(0)), ScalarValue::Int64(Some(999))))
+        );
+        drop(bounds);
+        drop(one);
+        assert_eq!(pool.reserved(), 0);
     }
 }
