@@ -59,13 +59,14 @@ use super::grace::{
     aggregate_fanout, level_seed, partition_stream, split_fanout, HybridPartitions, OneShotExec,
     Partitioner, SizedBlocks, MAX_LEVEL,
 };
+use super::join_order;
 use super::operator::{
     budget_bytes, estimated_row_width, holder_cap, memory_holders, only_child, replace_each,
     task_context_like,
 };
 use super::owned::{owned_batch, rows_bytes};
 use super::reserved_pool::ReservedPool;
-use super::scan::{column_distinct, passes_rows, rows_bound};
+use super::scan::{column_distinct, passes_rows, rows_bound, semi_joined};
 use super::skew::{memory_error_as, most_frequent_key, skew_error};
 use super::spill::RemoteSpillFactory;
 use super::unordered::{sorted_only_by_constants, UnorderedExec};
@@ -697,7 +698,8 @@ fn partials_context(context: &Arc<TaskContext>, partials: Partials) -> Arc<TaskC
 struct GroupEstimate {
     /// The product of its keys' distinct counts.
     key_values: usize,
-    /// The rows its grouping phase reads, if known ([`rows_bound`]).
+    /// The rows its grouping phase reads, if known ([`rows_bound`]; through a semi
+    /// join, as many as the join is estimated to keep).
     rows: Option<usize>,
 }
 
@@ -757,9 +759,20 @@ fn group_estimate(agg: &AggregateExec) -> Option<GroupEstimate> {
             let distinct = column_distinct(grouping.input(), column.index())?;
             Some(groups.saturating_mul(distinct.max(1)))
         })?;
+    let mut rows = rows_bound(grouping.input());
+    if semi_joined(grouping.input()) {
+        // The bound counts every row a semi join may keep: q97's store sales of a
+        // year, 2.88 M against 554 K kept; the join estimate's share, 320 K, is
+        // nearer, and splits the groups into 8 partitions, not 32 (at 25 MiB:
+        // 62-75 ms over 32, 57 over 8).
+        let kept = join_order::estimate(grouping.input().as_ref()).rows;
+        if kept.is_finite() {
+            rows = rows.map(|bound| bound.min(kept.ceil() as usize).max(1));
+        }
+    }
     Some(GroupEstimate {
         key_values: groups,
-        rows: rows_bound(grouping.input()),
+        rows,
     })
 }
 
@@ -1053,7 +1066,7 @@ mod tests {
     }
 
     #[test]
-    fn estimated_groups_follow_keys_through_unions_not_joins() {
+    fn estimated_groups_follow_keys_through_unions_and_semi_joins_not_joins() {
         let env = local_env(1, 256 << 20);
         let t = grouped_frame(&env, 40_000, |i| i % 10_000);
         let session = one_partition_session(&env, Some(64 << 20), &t);
@@ -1083,6 +1096,17 @@ mod tests {
         let estimate = shown_estimate(&semi).expect("an estimate");
         assert!(estimate.abs_diff(10_000) < 1_000, "{estimate}");
         assert_eq!(semi.rows(), 5_000);
+        // Keys distinct on every row are bounded by the rows the semi join is
+        // estimated to keep (a third of the filtered side: 13 333), not by all
+        // 40 000 of its scan.
+        let t = grouped_frame(&env, 40_000, |i| i);
+        let session = one_partition_session(&env, Some(64 << 20), &t);
+        let semi = session
+            .sql("SELECT g, count(*) AS n FROM t WHERE v IN (SELECT v FROM t WHERE g < 4000) GROUP BY g")
+            .unwrap();
+        let estimate = shown_estimate(&semi).expect("an estimate");
+        assert!(estimate.abs_diff(13_334) < 100, "{estimate}");
+        assert_eq!(semi.rows(), 4_000);
     }
 
     #[test]

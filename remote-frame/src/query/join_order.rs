@@ -58,6 +58,7 @@ use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::join::SpillingHashJoinExec;
 use super::operator::estimated_row_width;
 use super::scan::passes_rows;
 
@@ -209,6 +210,9 @@ fn estimate_node(plan: &dyn ExecutionPlan, children: &[Estimate]) -> Estimate {
     }
     if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         return join_estimate(*join.join_type(), children);
+    }
+    if let Some(join) = plan.downcast_ref::<SpillingHashJoinExec>() {
+        return join_estimate(*join.wrapped().join_type(), children);
     }
     if let Some(join) = plan.downcast_ref::<SortMergeJoinExec>() {
         return join_estimate(join.join_type(), children);

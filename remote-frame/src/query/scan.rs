@@ -318,7 +318,7 @@ impl RemoteScanExec {
 /// aggregate, a computed value).
 pub(crate) fn column_distinct(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<usize> {
     match source_of(plan, index)? {
-        Source::Scan(scan, index) => scan.distinct_estimate(index),
+        Source::Scan(scan, index, _) => scan.distinct_estimate(index),
         Source::Union(inputs, index) => inputs.into_iter().try_fold(0usize, |sum, input| {
             Some(sum.saturating_add(column_distinct(input, index)?))
         }),
@@ -329,24 +329,30 @@ pub(crate) fn column_distinct(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Op
 /// its scans read): `None` where they come from anything else.
 pub(crate) fn rows_bound(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
     match source_of(plan, 0)? {
-        Source::Scan(scan, _) => Some(scan.rows_read()),
+        Source::Scan(scan, _, _) => Some(scan.rows_read()),
         Source::Union(inputs, _) => inputs.into_iter().try_fold(0usize, |sum, input| {
             Some(sum.saturating_add(rows_bound(input)?))
         }),
     }
 }
 
+/// Whether the rows of `plan`, followed as [`rows_bound`] follows them to a scan,
+/// pass a semi join on the way, which keeps only some of them.
+pub(crate) fn semi_joined(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    matches!(source_of(plan, 0), Some(Source::Scan(_, _, true)))
+}
+
 /// Where column `index` of a plan's output comes from (see [`column_distinct`]).
 enum Source<'a> {
-    /// Column `.1` of a scan.
-    Scan(&'a RemoteScanExec, usize),
+    /// Column `.1` of a scan, and whether a semi join kept some of its rows.
+    Scan(&'a RemoteScanExec, usize, bool),
     /// Column `.1` of each input of a union.
     Union(Vec<&'a Arc<dyn ExecutionPlan>>, usize),
 }
 
 fn source_of(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<Source<'_>> {
     if let Some(scan) = plan.downcast_ref::<RemoteScanExec>() {
-        return Some(Source::Scan(scan, index));
+        return Some(Source::Scan(scan, index, false));
     }
     if plan.downcast_ref::<UnionExec>().is_some() {
         return Some(Source::Union(plan.children(), index));
@@ -381,7 +387,10 @@ fn source_of(plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<Source<'_>> 
             Some(projection) => *projection.get(index)?,
             None => index,
         };
-        return source_of(preserved, index);
+        return match source_of(preserved, index)? {
+            Source::Scan(scan, index, _) => Some(Source::Scan(scan, index, true)),
+            union => Some(union),
+        };
     }
     match plan.children().as_slice() {
         [input] if passes_rows(plan.as_ref()) => source_of(input, index),
