@@ -111,8 +111,10 @@ impl KeyBounds {
     }
 
     fn merge(&mut self, mut other: KeyBounds) {
-        // Their keys' memory is given back once they are copied into this list.
+        // Their keys move into this list: their reservation is given back first, so
+        // that they are not counted twice while this one grows for them.
         let theirs = other.listed.take();
+        other.listed_reservation.free();
         list(
             &mut self.listed,
             &mut self.listed_reservation,
