@@ -194,11 +194,27 @@ fn all_99_queries_equal_duckdb_and_move_no_more_than_committed_at_three_budgets(
     // one partition and finals so sorted were not made unordered (checked: with
     // both undone, this test fails on q78).
     let mut measured = run_all(10);
-    let spilled = measured.values().filter(|m| m.spill_files > 0).count();
-    eprintln!("10 %: {spilled} queries spilled");
-    assert!(spilled >= 5, "too few queries spilled at 10 %: {spilled}");
     measured.extend(run_all(25));
     measured.extend(run_all(TIGHTEST_PERCENT));
+    // The guard must see spilling: 4 queries at 10 % (q4, q11, q23, q75; q59's
+    // join spilled 2 files too until a join split its build side 16 ways rather
+    // than 64 when it is estimated small: now it fits) and 16 at 2 %.
+    let spilled = |pct: u32| {
+        measured
+            .iter()
+            .filter(|(key, m)| key.0 == pct && m.spill_files > 0)
+            .count()
+    };
+    eprintln!(
+        "queries spilled: {} at 10 %, {} at {TIGHTEST_PERCENT} %",
+        spilled(10),
+        spilled(TIGHTEST_PERCENT)
+    );
+    assert!(spilled(10) >= 4, "too few queries spilled at 10 %");
+    assert!(
+        spilled(TIGHTEST_PERCENT) >= 12,
+        "too few queries spilled at {TIGHTEST_PERCENT} %"
+    );
     if std::env::var_os("SCAD_SET_BOUNDS").is_some() {
         write_bounds(&measured);
         return;

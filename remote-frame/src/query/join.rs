@@ -81,8 +81,9 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use super::grace::{
     grow_within, level_seed, partition_stream, reserved_stream, split_fanout, HybridPartitions,
-    OneShotExec, PartitionedBuild, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL,
+    OneShotExec, PartitionedBuild, Partitioner, ProbeRouter, JOIN_FANOUT, MAX_LEVEL, SPLIT_FANOUT,
 };
+use super::join_order;
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{
     budget_bytes, holder_cap, holds_memory, memory_holders, memory_holders_but, replace_each,
@@ -119,7 +120,13 @@ impl PhysicalOptimizerRule for SpillingJoins {
             // The wrapped join may see only some partitions of the build side, or
             // swapped roles: the wrapper publishes the probe keys' bounds itself.
             let repartitioned = *copy.partition_mode() == PartitionMode::Partitioned;
+            let build_bytes = join_order::estimated_bytes(copy.left());
             let mut wrapped = SpillingHashJoinExec::new(Arc::new(copy), sole);
+            // Each partition of a join partitioned by key builds on its share.
+            wrapped.build_estimate = build_bytes.map(|b| match repartitioned {
+                true => b / wrapped.ways,
+                false => b,
+            });
             let mut reporters = wrapped.ways;
             if shared {
                 wrapped.shared = Some(Arc::new(SharedBuild::new(wrapped.ways)));
@@ -235,8 +242,12 @@ pub(crate) struct SpillingHashJoinExec {
     /// Whether the join is the only operator of its plan that holds memory (see
     /// [`holder_cap`]).
     sole: bool,
-    /// The partitions its build side is split into if it does not fit.
+    /// The partitions its build side is split into if it does not fit (at level 0
+    /// worked out when it runs from `build_estimate`, see [`JoinRun::build_fanout`]).
     fanout: usize,
+    /// The bytes of build side a run of this level-0 join reads, as estimated when
+    /// planned (`None` below level 0, where the partition's size is known).
+    build_estimate: Option<usize>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     /// The probe keys' dynamic filter, at level 0 (see [`super::key_bounds`]).
@@ -301,6 +312,7 @@ impl SpillingHashJoinExec {
             ways,
             sole,
             fanout: JOIN_FANOUT,
+            build_estimate: None,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
             key_filter: None,
@@ -364,6 +376,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
         };
         replaced.key_filter = self.key_filter.clone();
         replaced.fanout = self.fanout;
+        replaced.build_estimate = self.build_estimate;
         replaced.shared = self
             .shared
             .as_ref()
@@ -402,6 +415,8 @@ impl ExecutionPlan for SpillingHashJoinExec {
                 .unwrap_or_else(|| SkewMetrics::new(&self.metrics, partition)),
             shared: self.shared.clone(),
         };
+        let mut run = run;
+        run.fanout = run.build_fanout(self.build_estimate);
         let schema = self.join.schema();
         let stream = futures::stream::once(run.start()).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
@@ -415,6 +430,8 @@ struct JoinRun {
     level: u32,
     ways: usize,
     sole: bool,
+    /// See [`SpillingHashJoinExec::fanout`] (at level 0 set by
+    /// [`JoinRun::build_fanout`]).
     fanout: usize,
     partition: usize,
     context: Arc<TaskContext>,
@@ -1128,6 +1145,21 @@ impl JoinRun {
         let options = &self.context.session_config().options().execution;
         let dense = rows as f64 / (range as f64 + 1.0) > options.perfect_hash_join_min_key_density;
         Ok((range < options.perfect_hash_join_small_build_threshold || dense).then_some(range))
+    }
+
+    /// The partitions to split the build side into should it not fit: at level 0
+    /// from its estimated size `build_estimate`, so that each part takes at most
+    /// half of [`JoinRun::build_cap`] and one pass suffices (at least [`JOIN_FANOUT`],
+    /// at most [`SPLIT_FANOUT`]); below, as the join above set it from the
+    /// partition's size.
+    fn build_fanout(&self, build_estimate: Option<usize>) -> usize {
+        match build_estimate {
+            Some(bytes) if self.level == 0 => (bytes.saturating_mul(2) / self.build_cap().max(1))
+                .max(1)
+                .next_power_of_two()
+                .clamp(JOIN_FANOUT, SPLIT_FANOUT),
+            _ => self.fanout,
+        }
     }
 
     /// The most the partitions of a build side held in memory may take of
@@ -1898,8 +1930,10 @@ mod tests {
 
     #[test]
     fn a_partition_too_large_for_its_share_is_split_at_the_next_level() {
-        // 200,000 unique keys joined with themselves at 64 KiB: all 64 partitions
-        // spill (a file a side), and their nested joins spill again.
+        // 200,000 unique keys joined with themselves at 64 KiB: the build side,
+        // estimated at 1.6 MB, is split the most ways (64, not the 16 of a build
+        // side estimated small); all 64 partitions spill (a file a side), and their
+        // nested joins spill again.
         let sql = "SELECT a.k, b.v FROM t a JOIN t b ON a.k = b.k";
         let (env, _) = env_and_frames();
         let rows = 200_000i64;
@@ -1916,14 +1950,14 @@ mod tests {
         let text = out.explain_analyze();
         assert_eq!(
             join_metric(&out, "spilled_partitions"),
-            JOIN_FANOUT,
+            SPLIT_FANOUT,
             "{text}"
         );
         // Each nested join, split by its size into a few parts, keeps all but one
         // in memory and spills that one (a file a side).
         assert_eq!(
             out.stats().spill_files,
-            (2 + 2) * JOIN_FANOUT as u64,
+            (2 + 2) * SPLIT_FANOUT as u64,
             "{text}"
         );
         assert_eq!(

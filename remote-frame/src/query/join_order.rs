@@ -165,6 +165,14 @@ fn row_bytes(plan: &Arc<dyn ExecutionPlan>) -> f64 {
     estimated_row_width(plan.schema().fields(), VARIABLE_WIDTH) as f64
 }
 
+/// The bytes `plan` is estimated to output: [`estimate`]'s rows at [`row_bytes`]
+/// each (`None` when the estimate is not a finite number).
+pub(crate) fn estimated_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    let bytes = estimate(plan.as_ref()).rows * row_bytes(plan);
+    // `as` saturates at usize::MAX.
+    bytes.is_finite().then_some(bytes.ceil() as usize)
+}
+
 /// Estimated output of an operator.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Estimate {
