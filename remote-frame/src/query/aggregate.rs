@@ -1011,6 +1011,21 @@ mod tests {
         assert_eq!(sorted.rows(), groups as usize);
     }
 
+    /// Runs `sql` and checks that its aggregate's shown estimate is within
+    /// `within` of `near` and that it answers `rows` rows.
+    fn assert_estimate_near(
+        session: &QuerySession,
+        sql: &str,
+        near: usize,
+        within: usize,
+        rows: usize,
+    ) {
+        let out = session.sql(sql).unwrap();
+        let estimate = shown_estimate(&out).expect("an estimate");
+        assert!(estimate.abs_diff(near) < within, "{estimate}");
+        assert_eq!(out.rows(), rows);
+    }
+
     /// The `groups~N` estimate the explained plan of `out` shows, if any.
     fn shown_estimate(out: &QueryOutput) -> Option<usize> {
         let text = out.explain_analyze();
@@ -1071,12 +1086,8 @@ mod tests {
         let t = grouped_frame(&env, 40_000, |i| i % 10_000);
         let session = one_partition_session(&env, Some(64 << 20), &t);
         // A union's keys: the sum of its inputs' estimates (an upper bound).
-        let union = session
-            .sql("SELECT g FROM t UNION SELECT v FROM t")
-            .unwrap();
-        let estimate = shown_estimate(&union).expect("an estimate");
-        assert!(estimate.abs_diff(50_000) < 2_500, "{estimate}");
-        assert_eq!(union.rows(), 40_000);
+        let union = "SELECT g FROM t UNION SELECT v FROM t";
+        assert_estimate_near(&session, union, 50_000, 2_500, 40_000);
         // A join's output has no estimate.
         let joined = session
             .sql("SELECT a.g, count(*) AS n FROM t a JOIN t b ON a.v = b.v GROUP BY a.g")
@@ -1090,23 +1101,17 @@ mod tests {
         assert_eq!(joined.rows(), 10_000);
         // A semi join keeps some of one side's rows, as a filter does: its keys are
         // followed to that side's scan.
-        let semi = session
-            .sql("SELECT g, count(*) AS n FROM t WHERE v IN (SELECT v FROM t WHERE g < 5000) GROUP BY g")
-            .unwrap();
-        let estimate = shown_estimate(&semi).expect("an estimate");
-        assert!(estimate.abs_diff(10_000) < 1_000, "{estimate}");
-        assert_eq!(semi.rows(), 5_000);
+        let semi =
+            "SELECT g, count(*) AS n FROM t WHERE v IN (SELECT v FROM t WHERE g < 5000) GROUP BY g";
+        assert_estimate_near(&session, semi, 10_000, 1_000, 5_000);
         // Keys distinct on every row are bounded by the rows the semi join is
         // estimated to keep (a third of the filtered side: 13 333), not by all
         // 40 000 of its scan.
         let t = grouped_frame(&env, 40_000, |i| i);
         let session = one_partition_session(&env, Some(64 << 20), &t);
-        let semi = session
-            .sql("SELECT g, count(*) AS n FROM t WHERE v IN (SELECT v FROM t WHERE g < 4000) GROUP BY g")
-            .unwrap();
-        let estimate = shown_estimate(&semi).expect("an estimate");
-        assert!(estimate.abs_diff(13_334) < 100, "{estimate}");
-        assert_eq!(semi.rows(), 4_000);
+        let semi =
+            "SELECT g, count(*) AS n FROM t WHERE v IN (SELECT v FROM t WHERE g < 4000) GROUP BY g";
+        assert_estimate_near(&session, semi, 13_334, 100, 4_000);
     }
 
     #[test]

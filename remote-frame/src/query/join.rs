@@ -395,7 +395,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let run = JoinRun {
+        let mut run = JoinRun {
             join: self.join.clone(),
             level: self.level,
             ways: self.ways,
@@ -415,7 +415,6 @@ impl ExecutionPlan for SpillingHashJoinExec {
                 .unwrap_or_else(|| SkewMetrics::new(&self.metrics, partition)),
             shared: self.shared.clone(),
         };
-        let mut run = run;
         run.fanout = run.build_fanout(self.build_estimate);
         let schema = self.join.schema();
         let stream = futures::stream::once(run.start()).try_flatten();
