@@ -75,6 +75,7 @@ mod peak;
 mod rank_filter;
 mod repartition;
 mod reserved_pool;
+mod rollup;
 mod running;
 mod scan;
 mod shared;
@@ -398,6 +399,13 @@ impl QuerySession {
             .position(|r| r.name() == "join_selection")
             .map_or(0, |i| i + 1);
         rules.insert(at, Arc::new(join_order::JoinOrder));
+        // Rollups over their keys' order: before the distributions and orderings
+        // they require are enforced.
+        let at = rules
+            .iter()
+            .position(|r| r.name() == "EnsureRequirements")
+            .unwrap_or(rules.len());
+        rules.insert(at, Arc::new(rollup::SortedRollups));
         // Repeated subtrees (a CTE referenced twice) run once: after every rule that
         // shapes the copies and before the dynamic filters are pushed down, which
         // would make a copy depend on the operators above it.
@@ -567,9 +575,10 @@ impl QuerySession {
                 // A shared output lives in one process; a stage's tasks run apart.
                 let mut builder = SessionStateBuilder::new_from_existing(state);
                 if let Some(optimizer) = builder.physical_optimizers() {
-                    optimizer
-                        .rules
-                        .retain(|r| r.name() != shared::SharedSubplans::NAME);
+                    optimizer.rules.retain(|r| {
+                        r.name() != shared::SharedSubplans::NAME
+                            && r.name() != rollup::SortedRollups::NAME
+                    });
                 }
                 state = builder.build();
             }
