@@ -21,9 +21,7 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, FieldRef, Schema, SchemaRef};
-use datafusion::arrow::compute::{
-    interleave_record_batch, lexsort_to_indices, sort_to_indices, SortColumn,
-};
+use datafusion::arrow::compute::{interleave_record_batch, sort_to_indices};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{DataFusionError, Result as DfResult};
@@ -518,8 +516,11 @@ fn key_window(
     KeyRows::of(converter, &key_columns(keys, &batch.slice(start, n))?)
 }
 
-/// `batch` sorted by its keys (by Arrow's sort kernels, which compare values of one
-/// type without encoding them), with its first rows' keys as rows.
+/// `batch` sorted by its keys, with its first rows' keys as rows. One key sorts by
+/// Arrow's kernel (values of one type compared without encoding them); several by
+/// their row format compared as bytes: Arrow's lexicographic sort calls a comparator
+/// per key per comparison, and over q67's eight keys (four strings, long runs of equal
+/// leading keys) that took a third of the query (0.42 -> 0.37 s at 25 %).
 fn sorted(
     batch: &RecordBatch,
     keys: &LexOrdering,
@@ -527,22 +528,27 @@ fn sorted(
     held_schema: &SchemaRef,
 ) -> DfResult<Cursor> {
     let columns = key_columns(keys, batch)?;
-    let order = match (columns.as_slice(), keys.first()) {
-        ([column], key) => sort_to_indices(column, Some(key.options), None)?,
+    let order: Vec<u32> = match (columns.as_slice(), keys.first()) {
+        ([column], key) => sort_to_indices(column, Some(key.options), None)?
+            .values()
+            .to_vec(),
         _ => {
-            let by: Vec<SortColumn> = columns
-                .iter()
-                .zip(keys.iter())
-                .map(|(values, key)| SortColumn {
-                    values: values.clone(),
-                    options: Some(key.options),
-                })
+            let rows = converter.convert_columns(&columns)?;
+            let heads: Vec<u128> = (0..rows.num_rows())
+                .map(|i| head(rows.row(i).data()))
                 .collect();
-            lexsort_to_indices(&by, None)?
+            let mut order: Vec<u32> = (0..rows.num_rows() as u32).collect();
+            order.sort_unstable_by(|&a, &b| {
+                let (a, b) = (a as usize, b as usize);
+                heads[a]
+                    .cmp(&heads[b])
+                    .then_with(|| compare_rows(rows.row(a).data(), rows.row(b).data()))
+            });
+            order
         }
     };
     drop(columns);
-    let batch = take_rows_as(batch, order.values(), held_schema)?;
+    let batch = take_rows_as(batch, &order, held_schema)?;
     let rows = key_window(&batch, 0, keys, converter)?;
     let cost = rows_bytes(&batch) + rows.size();
     Ok(Cursor {
