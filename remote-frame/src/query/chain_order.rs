@@ -9,8 +9,14 @@
 //! rebuilds it left-deep: starting from the relation with the most rows (the fact
 //! table of a star), it joins next the connected relation that its filters shrink
 //! most (fewest estimated rows among equals), so the filtered dimensions cut the
-//! probe side down before the unfiltered ones are joined. A projection on top keeps
-//! the tree's output columns. The joins' other conditions (join filters, such as
+//! probe side down before the unfiltered ones are joined. Keys (integer equalities)
+//! are estimated as foreign keys; another equality (zip codes) by the distinct values
+//! of its sides in the frames' sketches, and a relation it connects goes first when
+//! it keeps fewer rows than any key join would: q24's three stores of a market meet
+//! the addresses in their zip codes and those addresses' customers before any sale
+//! (0.10 -> 0.035 s at 25 %). Every relation is tried as the start, and another than
+//! the largest taken when its intermediate results are much smaller. A projection on
+//! top keeps the tree's output columns. The joins' other conditions (join filters, such as
 //! `inv_quantity_on_hand < cs_quantity`) go with the rebuilt join where all
 //! the columns they read are first present, so they do not fence the relations on
 //! either side in. A left join among the relations whose null-padded side the
@@ -249,6 +255,21 @@ fn reorder(root: &LogicalPlan) -> DfResult<Reordered> {
             is_int(ea, *a) && is_int(eb, *b)
         })
         .collect();
+    // For the other equalities, each side's distinct values (from the frames'
+    // sketches), when both are known: what such a join keeps is estimated by them.
+    let distinct: Vec<Option<(f64, f64)>> = edges
+        .iter()
+        .zip(&integer)
+        .map(|(((a, ea), (b, eb)), &int)| {
+            if int {
+                return None;
+            }
+            Some((
+                distinct_values(&chain.relations[*a], ea)?,
+                distinct_values(&chain.relations[*b], eb)?,
+            ))
+        })
+        .collect();
     // Each join filter conjunct with the relations it reads.
     let mut residuals = Vec::new();
     for expr in &chain.residuals {
@@ -290,7 +311,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Reordered> {
         return Ok(Reordered::Not);
     };
     let Some((mut order, default_cost)) =
-        greedy_order(largest, &estimates, &edges, &integer, &names)
+        greedy_order(largest, &estimates, &edges, &integer, &distinct, &names)
     else {
         // Not connected: a cross product; left as written.
         return Ok(Reordered::Not);
@@ -298,7 +319,7 @@ fn reorder(root: &LogicalPlan) -> DfResult<Reordered> {
     // Ties by name, not place: the rebuilt order must be chosen again when the rule
     // meets it.
     let better = (0..n)
-        .filter_map(|s| greedy_order(s, &estimates, &edges, &integer, &names))
+        .filter_map(|s| greedy_order(s, &estimates, &edges, &integer, &distinct, &names))
         .min_by(|a, b| {
             a.1.total_cmp(&b.1)
                 .then_with(|| names[a.0[0]].cmp(&names[b.0[0]]))
@@ -414,16 +435,18 @@ type Edge = ((usize, Expr), (usize, Expr));
 
 /// The left-deep order from `start`, joining next the connected relation its
 /// filters shrink most (fewest estimated rows among equals; relations connected by
-/// an integer key before those connected only by other equalities), and the
-/// estimated sum
-/// of its intermediate results (each join's output under the foreign-key
-/// assumption, `|L|·|R| / min(base L, base R)`); `None` if a relation is not
+/// an integer key before those connected only by other equalities, unless such an
+/// equality is estimated to keep fewer rows than any key join would), and the
+/// estimated sum of its intermediate results (each key join's output under the
+/// foreign-key assumption, `|L|·|R| / min(base L, base R)`; another equality's
+/// `|L|·|R| / max(distinct values of its sides)`); `None` if a relation is not
 /// connected.
 fn greedy_order(
     start: usize,
     estimates: &[(f64, f64)],
     edges: &[Edge],
     integer: &[bool],
+    distinct: &[Option<(f64, f64)>],
     names: &[String],
 ) -> Option<(Vec<usize>, f64)> {
     let n = estimates.len();
@@ -433,30 +456,73 @@ fn greedy_order(
     let (mut rows, mut base) = estimates[start];
     let mut cost = 0.0;
     while order.len() < n {
-        let connected = (0..n).filter(|&k| {
-            !joined[k]
-                && edges
-                    .iter()
-                    .any(|((a, _), (b, _))| (*a == k && joined[*b]) || (*b == k && joined[*a]))
-        });
-        let by_key = |k: usize| {
-            edges.iter().zip(integer).any(|(((a, _), (b, _)), &int)| {
-                int && ((*a == k && joined[*b]) || (*b == k && joined[*a]))
-            })
+        let in_order = &joined;
+        let links = |k: usize| {
+            edges
+                .iter()
+                .enumerate()
+                .filter(move |(_, ((a, _), (b, _)))| {
+                    (*a == k && in_order[*b]) || (*b == k && in_order[*a])
+                })
+                .map(|(i, _)| i)
         };
+        let connected: Vec<usize> = (0..n)
+            .filter(|&k| !joined[k] && links(k).next().is_some())
+            .collect();
+        let by_key = |k: usize| links(k).any(|i| integer[i]);
+        // The rows joining `k` now keeps: by its key, or by the distinct values of
+        // its other equalities (each side's at most its rows); unknown: none.
+        let joined_rows = |k: usize| -> Option<f64> {
+            let (k_rows, k_base) = estimates[k];
+            if by_key(k) {
+                return Some(rows * k_rows / base.min(k_base).max(1.0));
+            }
+            links(k)
+                .filter_map(|i| {
+                    let ((a, _), _) = &edges[i];
+                    let (da, db) = distinct[i]?;
+                    let (d_k, d_in) = if *a == k { (da, db) } else { (db, da) };
+                    Some(d_k.min(k_rows).max(d_in.min(rows)).max(1.0))
+                })
+                .max_by(f64::total_cmp)
+                .map(|d| rows * k_rows / d)
+        };
+        let fewest_by_key = connected
+            .iter()
+            .filter(|&&k| by_key(k))
+            .filter_map(|&k| joined_rows(k))
+            .min_by(f64::total_cmp);
+        // An equality on other values that keeps fewer rows than every key join
+        // goes first (q24: the stores of a market, then the addresses in their zip
+        // codes, then those addresses' customers, before any sale).
+        let narrower = connected
+            .iter()
+            .filter(|&&k| !by_key(k))
+            .filter_map(|&k| Some((k, joined_rows(k)?)))
+            .filter(|&(_, r)| fewest_by_key.is_none_or(|f| r < f))
+            .min_by(|a, b| {
+                a.1.total_cmp(&b.1)
+                    .then_with(|| names[a.0].cmp(&names[b.0]))
+            })
+            .map(|(k, _)| k);
         // By key first, then most selective (kept fraction), then fewest rows.
-        let next = connected.min_by(|&a, &b| {
-            let key = |k: usize| (estimates[k].0 / estimates[k].1.max(1.0), estimates[k].0);
-            let (fa, ra) = key(a);
-            let (fb, rb) = key(b);
-            by_key(b)
-                .cmp(&by_key(a))
-                .then(fa.total_cmp(&fb))
-                .then(ra.total_cmp(&rb))
-                .then_with(|| names[a].cmp(&names[b]))
+        let next = narrower.or_else(|| {
+            connected.iter().copied().min_by(|&a, &b| {
+                let key = |k: usize| (estimates[k].0 / estimates[k].1.max(1.0), estimates[k].0);
+                let (fa, ra) = key(a);
+                let (fb, rb) = key(b);
+                by_key(b)
+                    .cmp(&by_key(a))
+                    .then(fa.total_cmp(&fb))
+                    .then(ra.total_cmp(&rb))
+                    .then_with(|| names[a].cmp(&names[b]))
+            })
         })?;
         let (next_rows, next_base) = estimates[next];
-        rows = rows * next_rows / base.min(next_base).max(1.0);
+        rows = match (by_key(next), joined_rows(next)) {
+            (false, Some(kept)) => kept,
+            _ => rows * next_rows / base.min(next_base).max(1.0),
+        };
         base = base.max(next_base);
         cost += rows;
         joined[next] = true;
@@ -515,6 +581,41 @@ pub(super) fn estimate(plan: &LogicalPlan) -> (f64, f64) {
         LogicalPlan::Projection(p) => estimate(&p.input),
         LogicalPlan::SubqueryAlias(a) => estimate(&a.input),
         _ => (UNKNOWN_ROWS, UNKNOWN_ROWS),
+    }
+}
+
+/// The distinct values of column `expr` in `plan` (a relation: a table scan under
+/// filters, column projections and aliases), as the scanned frame's sketch counts
+/// them over the whole table; `None` for other expressions or unknown counts.
+fn distinct_values(plan: &LogicalPlan, expr: &Expr) -> Option<f64> {
+    let Expr::Column(column) = expr else {
+        return None;
+    };
+    match plan {
+        LogicalPlan::TableScan(scan) => {
+            let at = scan.source.schema().index_of(&column.name).ok()?;
+            let stats = table_statistics(scan)?;
+            let count = stats
+                .column_statistics
+                .get(at)?
+                .distinct_count
+                .get_value()?;
+            Some(*count as f64)
+        }
+        LogicalPlan::Filter(f) => distinct_values(&f.input, expr),
+        LogicalPlan::SubqueryAlias(a) => distinct_values(
+            &a.input,
+            &Expr::Column(Column::new_unqualified(&column.name)),
+        ),
+        LogicalPlan::Projection(p) => {
+            let at = p.schema.index_of_column(column).ok()?;
+            match p.expr.get(at)? {
+                Expr::Column(source) => distinct_values(&p.input, &Expr::Column(source.clone())),
+                Expr::Alias(alias) => distinct_values(&p.input, &alias.expr),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 
@@ -620,6 +721,75 @@ mod tests {
         }
         let got = session.sql(sql).unwrap().to_polars().unwrap();
         assert_eq!(got.column("n").unwrap().i64().unwrap().get(0), Some(want));
+    }
+
+    #[test]
+    fn an_equality_of_codes_that_keeps_few_rows_is_joined_before_the_facts() {
+        use crate::frame::RemoteFrame;
+        use crate::query::test_env::local_env;
+        use crate::query::QuerySession;
+        use polars::prelude::df;
+
+        let env = local_env(1, 64 << 20);
+        // q24's shape: the stores of one market, the addresses in their zip codes,
+        // the customers living there, and only then their sales.
+        let zip = |i: i64| format!("z{:05}", i % 4_000);
+        let store = df!(
+            "st_sk" => (0..12i64).collect::<Vec<_>>(),
+            "st_market" => (0..12i64).map(|i| i % 4).collect::<Vec<_>>(),
+            "st_zip" => (0..12i64).map(|i| zip(i * 331)).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let address = df!(
+            "a_sk" => (0..8_000i64).collect::<Vec<_>>(),
+            "a_zip" => (0..8_000i64).map(zip).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let customer = df!(
+            "c_sk" => (0..16_000i64).collect::<Vec<_>>(),
+            "c_addr" => (0..16_000i64).map(|i| (i * 7) % 8_000).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let sales = df!(
+            "f_store" => (0..60_000i64).map(|i| i % 12).collect::<Vec<_>>(),
+            "f_cust" => (0..60_000i64).map(|i| (i * 13) % 16_000).collect::<Vec<_>>(),
+            "f_paid" => (0..60_000i64).map(|i| i % 9).collect::<Vec<_>>()
+        )
+        .unwrap();
+        let session = QuerySession::new(&env).unwrap();
+        for (name, frame) in [
+            ("store", store.clone()),
+            ("address", address),
+            ("customer", customer),
+            ("sales", sales),
+        ] {
+            session
+                .register(name, &RemoteFrame::from_polars(&env, &frame).unwrap())
+                .unwrap();
+        }
+        let sql = "SELECT sum(f_paid) AS paid, count(*) AS n FROM sales, store, customer, address \
+                   WHERE f_store = st_sk AND f_cust = c_sk AND c_addr = a_sk \
+                   AND st_zip = a_zip AND st_market = 2";
+        let plan = session.explain(sql).unwrap();
+        let keys = deepest_join_keys(&plan);
+        assert!(keys.contains("st_zip") && keys.contains("a_zip"), "{plan}");
+        // The answer, counted by hand.
+        let (mut paid, mut n) = (0i64, 0i64);
+        for i in 0..60_000i64 {
+            let (st, cust) = (i % 12, (i * 13) % 16_000);
+            let addr = (cust * 7) % 8_000;
+            if st % 4 == 2 && zip(st * 331) == zip(addr) {
+                paid += i % 9;
+                n += 1;
+            }
+        }
+        assert!(n > 0);
+        let got = session.sql(sql).unwrap().to_polars().unwrap();
+        assert_eq!(
+            got.column("paid").unwrap().i64().unwrap().get(0),
+            Some(paid)
+        );
+        assert_eq!(got.column("n").unwrap().i64().unwrap().get(0), Some(n));
     }
 
     #[test]
