@@ -785,5 +785,12 @@ mod tests {
             concat(&[b.slice(1, 1).as_ref(), b.as_ref()]).unwrap(),
         ];
         assert_eq!(first_changes(&front, 0, 5).unwrap(), vec![1, 1, 0, 2, 0]);
+        // Dictionary-encoded keys compare by value.
+        let d: ArrayRef = Arc::new(
+            vec![Some("x"), Some("x"), None, Some("y")]
+                .into_iter()
+                .collect::<arrow_array::DictionaryArray<arrow_array::types::Int32Type>>(),
+        );
+        assert_eq!(first_changes(&[d], 1, 4).unwrap(), vec![1, 1, 0, 0]);
     }
 }
