@@ -14,20 +14,29 @@
 //! each column under its derived table's name. An aggregate over no rows gives the
 //! same answer either way (`count` 0, others NULL). Spark's `MergeScalarSubqueries`
 //! does the same for the same queries.
+//!
+//! Aggregates over the same inner joins of the same tables, differing only in their
+//! filters, merge the same way (q88 counts the sales of eight half hours, each over
+//! `store_sales ⋈ household_demographics ⋈ time_dim ⋈ store`: 118 MB moved, 82 ms;
+//! merged 15 MB, 22 ms; q90's two day parts likewise): the joins, their filters taken
+//! out and every scan reading all its columns, are compared as plans; the merged
+//! aggregate reads them under the disjunction of the members' filters (which the
+//! optimizer's next pass pushes down to each scan as far as it can, and prunes the
+//! columns), each member's aggregates restricted to its own conjunction.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{
-    Column, DFSchemaRef, Result as DfResult, ScalarValue, Spans, TableReference,
+    Column, DFSchemaRef, NullEquality, Result as DfResult, ScalarValue, Spans, TableReference,
 };
 use datafusion::functions::core::expr_fn::{get_field, named_struct};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::utils::{conjunction, disjunction, split_conjunction};
 use datafusion::logical_expr::{
-    Aggregate, Expr, Filter, JoinType, Limit, LogicalPlan, Projection, Subquery, TableScan,
-    TableScanBuilder,
+    Aggregate, Expr, Filter, JoinType, Limit, LogicalPlan, LogicalPlanBuilder, Projection,
+    Subquery, TableScan, TableScanBuilder,
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use datafusion::prelude::lit;
@@ -137,6 +146,9 @@ type Columns = Vec<(Expr, String)>;
 /// `[Projection] [Limit] Aggregate [column-only Projection] [Filter] TableScan`.
 struct Shape {
     scan: TableScan,
+    /// For an aggregate over inner joins: the joins with every filter taken out
+    /// and every scan reading all its columns (then `scan` is the first of them).
+    joins: Option<LogicalPlan>,
     /// The rows it aggregates (`None`: all).
     filter: Option<Expr>,
     aggregate: Aggregate,
@@ -185,6 +197,22 @@ impl Shape {
             LogicalPlan::Filter(f) => (Some(f.predicate.clone()), f.input.as_ref()),
             other => (None, other),
         };
+        if let LogicalPlan::Join(_) = input {
+            let mut conjuncts: Vec<Expr> = predicate
+                .as_ref()
+                .map(|p| split_conjunction(p).into_iter().cloned().collect())
+                .unwrap_or_default();
+            let joins = unfiltered(input, &mut conjuncts)?;
+            let scan = first_scan(&joins)?.clone();
+            let outputs = outputs.unwrap_or_else(|| own_outputs(aggregate));
+            return Some(Shape {
+                scan,
+                joins: Some(joins),
+                filter: conjunction(conjuncts),
+                aggregate: aggregate.clone(),
+                outputs,
+            });
+        }
         let LogicalPlan::TableScan(scan) = input else {
             return None;
         };
@@ -201,27 +229,100 @@ impl Shape {
                 conjuncts.push(f.clone());
             }
         }
-        let outputs = outputs.unwrap_or_else(|| {
-            (0..aggregate.aggr_expr.len())
-                .map(|j| {
-                    let column = output_column(&aggregate.schema, j);
-                    let name = column.name.clone();
-                    (Expr::Column(column), name)
-                })
-                .collect()
-        });
+        let outputs = outputs.unwrap_or_else(|| own_outputs(aggregate));
         Some(Shape {
             scan: scan.clone(),
+            joins: None,
             filter: conjunction(conjuncts),
             aggregate: aggregate.clone(),
             outputs,
         })
     }
 
-    /// Whether `self` and `other` read the same table.
+    /// Whether `self` and `other` read the same table, or join the same tables in
+    /// the same way.
     fn same_table(&self, other: &Shape) -> bool {
-        self.scan.table_name == other.scan.table_name
-            && Arc::ptr_eq(&self.scan.source, &other.scan.source)
+        match (&self.joins, &other.joins) {
+            (None, None) => {
+                self.scan.table_name == other.scan.table_name
+                    && Arc::ptr_eq(&self.scan.source, &other.scan.source)
+            }
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// The aggregate's own columns, as outputs.
+fn own_outputs(aggregate: &Aggregate) -> Columns {
+    (0..aggregate.aggr_expr.len())
+        .map(|j| {
+            let column = output_column(&aggregate.schema, j);
+            let name = column.name.clone();
+            (Expr::Column(column), name)
+        })
+        .collect()
+}
+
+/// `plan`, a tree of inner equi-joins of table scans (under filters and column-only
+/// projections), with its filters taken out into `conjuncts` and every scan reading
+/// all its columns: what subqueries that differ only in their filters share. `None`
+/// for any other plan.
+fn unfiltered(plan: &LogicalPlan, conjuncts: &mut Vec<Expr>) -> Option<LogicalPlan> {
+    match plan {
+        LogicalPlan::TableScan(scan) if scan.fetch.is_none() => {
+            for f in &scan.filters {
+                if !conjuncts.contains(f) {
+                    conjuncts.push(f.clone());
+                }
+            }
+            let all = TableScanBuilder::from(scan.clone())
+                .with_projection(None)
+                .with_filters(vec![])
+                .build()
+                .ok()?;
+            Some(LogicalPlan::TableScan(all))
+        }
+        LogicalPlan::Filter(f) => {
+            for c in split_conjunction(&f.predicate) {
+                if !conjuncts.contains(c) {
+                    conjuncts.push(c.clone());
+                }
+            }
+            unfiltered(&f.input, conjuncts)
+        }
+        LogicalPlan::Projection(p) if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
+            unfiltered(&p.input, conjuncts)
+        }
+        LogicalPlan::Join(j)
+            if j.join_type == JoinType::Inner
+                && j.null_equality == NullEquality::NullEqualsNothing
+                && !j.null_aware =>
+        {
+            let left = unfiltered(&j.left, conjuncts)?;
+            let right = unfiltered(&j.right, conjuncts)?;
+            if let Some(filter) = &j.filter {
+                for c in split_conjunction(filter) {
+                    if !conjuncts.contains(c) {
+                        conjuncts.push(c.clone());
+                    }
+                }
+            }
+            let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = j.on.iter().cloned().unzip();
+            LogicalPlanBuilder::from(left)
+                .join_with_expr_keys(right, JoinType::Inner, (left_keys, right_keys), None)
+                .and_then(LogicalPlanBuilder::build)
+                .ok()
+        }
+        _ => None,
+    }
+}
+
+/// The first table scan of `plan`.
+fn first_scan(plan: &LogicalPlan) -> Option<&TableScan> {
+    match plan {
+        LogicalPlan::TableScan(scan) => Some(scan),
+        other => other.inputs().into_iter().find_map(first_scan),
     }
 }
 
@@ -327,6 +428,17 @@ fn merged(group: &[Member]) -> DfResult<Vec<(Subquery, Expr)>> {
 /// One aggregate for `shapes` (over one table): over the rows any of them keeps,
 /// each one's aggregates over its own rows; and each one's outputs over it.
 fn one_aggregate(shapes: &[&Shape]) -> DfResult<(LogicalPlan, Vec<Columns>)> {
+    if let Some(joins) = &shapes[0].joins {
+        let mut input = joins.clone();
+        let filters = shapes
+            .iter()
+            .map(|m| m.filter.clone())
+            .collect::<Option<Vec<_>>>();
+        if let Some(any) = filters.and_then(disjunction) {
+            input = LogicalPlan::Filter(Filter::try_new(any, Arc::new(input))?);
+        }
+        return restricted_aggregate(shapes, input);
+    }
     let first = &shapes[0].scan;
     // The columns any of them reads.
     let projection = shapes
@@ -352,6 +464,15 @@ fn one_aggregate(shapes: &[&Shape]) -> DfResult<(LogicalPlan, Vec<Columns>)> {
     if let Some(any) = filters.and_then(disjunction) {
         input = LogicalPlan::Filter(Filter::try_new(any, Arc::new(input))?);
     }
+    restricted_aggregate(shapes, input)
+}
+
+/// The aggregate over `input` of every one of `shapes`' aggregates over its own
+/// rows, and each one's outputs over it.
+fn restricted_aggregate(
+    shapes: &[&Shape],
+    input: LogicalPlan,
+) -> DfResult<(LogicalPlan, Vec<Columns>)> {
     let mut aggregates = Vec::new();
     let mut outputs = Vec::new();
     for (i, m) in shapes.iter().enumerate() {
@@ -540,5 +661,59 @@ mod tests {
         assert_eq!(row[2], AnyValue::Int64(10));
         assert_eq!(row[3], AnyValue::Float64(54.5));
         assert_eq!(row[4], AnyValue::Null);
+    }
+
+    #[test]
+    fn cross_joined_aggregates_of_the_same_joins_read_them_once_and_answer_as_before() {
+        let env = local_env(1, 64 << 20);
+        // q88's shape: counts of the sales joined to their hour and their store, each
+        // of its own hours.
+        let rows = 40_000i64;
+        let sales = df!("s_time" => (0..rows).map(|i| (i * 7) % 1_440).collect::<Vec<_>>(),
+                        "s_store" => (0..rows).map(|i| i % 12).collect::<Vec<_>>())
+        .unwrap();
+        let time = df!("t_sk" => (0..1_440i64).collect::<Vec<_>>(),
+                       "t_hour" => (0..1_440i64).map(|m| m / 60).collect::<Vec<_>>())
+        .unwrap();
+        let store = df!("st_sk" => (0..12i64).collect::<Vec<_>>(),
+                        "st_name" => (0..12i64).map(|i| format!("s{}", i % 3)).collect::<Vec<_>>())
+        .unwrap();
+        let session = QuerySession::new(&env).unwrap();
+        for (name, frame) in [("sales", sales), ("time", time), ("store", store)] {
+            session
+                .register(name, &RemoteFrame::from_polars(&env, &frame).unwrap())
+                .unwrap();
+        }
+        let count = |hour: i64| {
+            format!(
+                "(SELECT count(*) AS n{hour} FROM sales, time, store WHERE s_time = t_sk \
+                 AND s_store = st_sk AND t_hour = {hour} AND st_name = 's1') h{hour}"
+            )
+        };
+        let sql = format!("SELECT * FROM {}, {}, {}", count(8), count(9), count(30));
+        let plan = session.explain(&sql).unwrap();
+        let scans_of_sales = plan
+            .lines()
+            .filter(|l| l.contains("RemoteScanExec") && l.contains("rows=40000"))
+            .count();
+        assert_eq!(scans_of_sales, 1, "{plan}");
+        let out = session.sql(&sql).unwrap().to_polars().unwrap();
+        assert_eq!(out.height(), 1);
+        let row = out.get_row(0).unwrap().0;
+        let want = |hour: i64| {
+            (0..rows)
+                .filter(|i| ((i * 7) % 1_440) / 60 == hour && (i % 12) % 3 == 1)
+                .count() as i64
+        };
+        assert!(want(8) > 0 && want(9) > 0);
+        // Hour 30 does not exist: a count of nothing.
+        assert_eq!(
+            row.to_vec(),
+            [
+                AnyValue::Int64(want(8)),
+                AnyValue::Int64(want(9)),
+                AnyValue::Int64(0)
+            ]
+        );
     }
 }
