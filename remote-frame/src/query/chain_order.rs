@@ -519,10 +519,7 @@ fn greedy_order(
             })
         })?;
         let (next_rows, next_base) = estimates[next];
-        rows = match (by_key(next), joined_rows(next)) {
-            (false, Some(kept)) => kept,
-            _ => rows * next_rows / base.min(next_base).max(1.0),
-        };
+        rows = joined_rows(next).unwrap_or(rows * next_rows / base.min(next_base).max(1.0));
         base = base.max(next_base);
         cost += rows;
         joined[next] = true;

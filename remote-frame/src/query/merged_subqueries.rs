@@ -142,8 +142,9 @@ fn collect(expr: &Expr, members: &mut Vec<Member>) -> DfResult<()> {
 /// Expressions with the names of the columns they make.
 type Columns = Vec<(Expr, String)>;
 
-/// A plan that aggregates one table's rows without groups (so gives one row):
-/// `[Projection] [Limit] Aggregate [column-only Projection] [Filter] TableScan`.
+/// A plan that aggregates one table's rows, or those of inner joins, without groups
+/// (so gives one row): `[Projection] [Limit] Aggregate [column-only Projection]
+/// [Filter] TableScan`, or a tree of joins in place of the `TableScan`.
 struct Shape {
     scan: TableScan,
     /// For an aggregate over inner joins: the joins with every filter taken out
@@ -193,46 +194,36 @@ impl Shape {
             }
             input = p.input.as_ref();
         }
-        let (predicate, input) = match input {
-            LogicalPlan::Filter(f) => (Some(f.predicate.clone()), f.input.as_ref()),
-            other => (None, other),
-        };
-        if let LogicalPlan::Join(_) = input {
-            let mut conjuncts: Vec<Expr> = predicate
-                .as_ref()
-                .map(|p| split_conjunction(p).into_iter().cloned().collect())
-                .unwrap_or_default();
-            let joins = unfiltered(input, &mut conjuncts)?;
-            let scan = first_scan(&joins)?.clone();
-            let outputs = outputs.unwrap_or_else(|| own_outputs(aggregate));
-            return Some(Shape {
-                scan,
-                joins: Some(joins),
-                filter: conjunction(conjuncts),
-                aggregate: aggregate.clone(),
-                outputs,
-            });
+        // The rows it aggregates: the filter's conjuncts, then those pushed into
+        // the scans (or the joins) that it does not repeat.
+        let mut conjuncts = Vec::new();
+        if let LogicalPlan::Filter(f) = input {
+            add_distinct(&mut conjuncts, split_conjunction(&f.predicate));
+            input = f.input.as_ref();
         }
-        let LogicalPlan::TableScan(scan) = input else {
-            return None;
-        };
-        if scan.fetch.is_some() {
-            return None;
-        }
-        // Filters pushed into the scan that the filter above does not repeat.
-        let mut conjuncts: Vec<Expr> = predicate
-            .as_ref()
-            .map(|p| split_conjunction(p).into_iter().cloned().collect())
-            .unwrap_or_default();
-        for f in &scan.filters {
-            if !conjuncts.contains(f) {
-                conjuncts.push(f.clone());
+        let (scan, joins) = match input {
+            LogicalPlan::Join(_) => {
+                let joins = unfiltered(input, &mut conjuncts)?;
+                (first_scan(&joins)?.clone(), Some(joins))
             }
-        }
-        let outputs = outputs.unwrap_or_else(|| own_outputs(aggregate));
+            LogicalPlan::TableScan(scan) if scan.fetch.is_none() => {
+                add_distinct(&mut conjuncts, &scan.filters);
+                (scan.clone(), None)
+            }
+            _ => return None,
+        };
+        let outputs = outputs.unwrap_or_else(|| {
+            (0..aggregate.aggr_expr.len())
+                .map(|j| {
+                    let column = output_column(&aggregate.schema, j);
+                    let name = column.name.clone();
+                    (Expr::Column(column), name)
+                })
+                .collect()
+        });
         Some(Shape {
-            scan: scan.clone(),
-            joins: None,
+            scan,
+            joins,
             filter: conjunction(conjuncts),
             aggregate: aggregate.clone(),
             outputs,
@@ -253,17 +244,6 @@ impl Shape {
     }
 }
 
-/// The aggregate's own columns, as outputs.
-fn own_outputs(aggregate: &Aggregate) -> Columns {
-    (0..aggregate.aggr_expr.len())
-        .map(|j| {
-            let column = output_column(&aggregate.schema, j);
-            let name = column.name.clone();
-            (Expr::Column(column), name)
-        })
-        .collect()
-}
-
 /// `plan`, a tree of inner equi-joins of table scans (under filters and column-only
 /// projections), with its filters taken out into `conjuncts` and every scan reading
 /// all its columns: what subqueries that differ only in their filters share. `None`
@@ -271,11 +251,7 @@ fn own_outputs(aggregate: &Aggregate) -> Columns {
 fn unfiltered(plan: &LogicalPlan, conjuncts: &mut Vec<Expr>) -> Option<LogicalPlan> {
     match plan {
         LogicalPlan::TableScan(scan) if scan.fetch.is_none() => {
-            for f in &scan.filters {
-                if !conjuncts.contains(f) {
-                    conjuncts.push(f.clone());
-                }
-            }
+            add_distinct(conjuncts, &scan.filters);
             let all = TableScanBuilder::from(scan.clone())
                 .with_projection(None)
                 .with_filters(vec![])
@@ -284,11 +260,7 @@ fn unfiltered(plan: &LogicalPlan, conjuncts: &mut Vec<Expr>) -> Option<LogicalPl
             Some(LogicalPlan::TableScan(all))
         }
         LogicalPlan::Filter(f) => {
-            for c in split_conjunction(&f.predicate) {
-                if !conjuncts.contains(c) {
-                    conjuncts.push(c.clone());
-                }
-            }
+            add_distinct(conjuncts, split_conjunction(&f.predicate));
             unfiltered(&f.input, conjuncts)
         }
         LogicalPlan::Projection(p) if p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
@@ -302,11 +274,7 @@ fn unfiltered(plan: &LogicalPlan, conjuncts: &mut Vec<Expr>) -> Option<LogicalPl
             let left = unfiltered(&j.left, conjuncts)?;
             let right = unfiltered(&j.right, conjuncts)?;
             if let Some(filter) = &j.filter {
-                for c in split_conjunction(filter) {
-                    if !conjuncts.contains(c) {
-                        conjuncts.push(c.clone());
-                    }
-                }
+                add_distinct(conjuncts, split_conjunction(filter));
             }
             let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = j.on.iter().cloned().unzip();
             LogicalPlanBuilder::from(left)
@@ -315,6 +283,15 @@ fn unfiltered(plan: &LogicalPlan, conjuncts: &mut Vec<Expr>) -> Option<LogicalPl
                 .ok()
         }
         _ => None,
+    }
+}
+
+/// Adds to `conjuncts` each of `more` it does not have yet.
+fn add_distinct<'a>(conjuncts: &mut Vec<Expr>, more: impl IntoIterator<Item = &'a Expr>) {
+    for c in more {
+        if !conjuncts.contains(c) {
+            conjuncts.push(c.clone());
+        }
     }
 }
 
@@ -425,38 +402,32 @@ fn merged(group: &[Member]) -> DfResult<Vec<(Subquery, Expr)>> {
         .collect())
 }
 
-/// One aggregate for `shapes` (over one table): over the rows any of them keeps,
-/// each one's aggregates over its own rows; and each one's outputs over it.
+/// One aggregate for `shapes` (over one table, or the same joins): over the rows any
+/// of them keeps, each one's aggregates over its own rows; and each one's outputs
+/// over it.
 fn one_aggregate(shapes: &[&Shape]) -> DfResult<(LogicalPlan, Vec<Columns>)> {
-    if let Some(joins) = &shapes[0].joins {
-        let mut input = joins.clone();
-        let filters = shapes
-            .iter()
-            .map(|m| m.filter.clone())
-            .collect::<Option<Vec<_>>>();
-        if let Some(any) = filters.and_then(disjunction) {
-            input = LogicalPlan::Filter(Filter::try_new(any, Arc::new(input))?);
+    let mut input = match &shapes[0].joins {
+        Some(joins) => joins.clone(),
+        None => {
+            // The columns any of them reads.
+            let projection = shapes
+                .iter()
+                .map(|m| m.scan.projection.clone())
+                .collect::<Option<Vec<_>>>()
+                .map(|all| {
+                    all.into_iter()
+                        .flatten()
+                        .collect::<BTreeSet<usize>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                });
+            let scan = TableScanBuilder::from(shapes[0].scan.clone())
+                .with_projection(projection)
+                .with_filters(vec![])
+                .build()?;
+            LogicalPlan::TableScan(scan)
         }
-        return restricted_aggregate(shapes, input);
-    }
-    let first = &shapes[0].scan;
-    // The columns any of them reads.
-    let projection = shapes
-        .iter()
-        .map(|m| m.scan.projection.clone())
-        .collect::<Option<Vec<_>>>()
-        .map(|all| {
-            all.into_iter()
-                .flatten()
-                .collect::<BTreeSet<usize>>()
-                .into_iter()
-                .collect::<Vec<_>>()
-        });
-    let scan = TableScanBuilder::from(first.clone())
-        .with_projection(projection)
-        .with_filters(vec![])
-        .build()?;
-    let mut input = LogicalPlan::TableScan(scan);
+    };
     let filters = shapes
         .iter()
         .map(|m| m.filter.clone())
@@ -464,15 +435,6 @@ fn one_aggregate(shapes: &[&Shape]) -> DfResult<(LogicalPlan, Vec<Columns>)> {
     if let Some(any) = filters.and_then(disjunction) {
         input = LogicalPlan::Filter(Filter::try_new(any, Arc::new(input))?);
     }
-    restricted_aggregate(shapes, input)
-}
-
-/// The aggregate over `input` of every one of `shapes`' aggregates over its own
-/// rows, and each one's outputs over it.
-fn restricted_aggregate(
-    shapes: &[&Shape],
-    input: LogicalPlan,
-) -> DfResult<(LogicalPlan, Vec<Columns>)> {
     let mut aggregates = Vec::new();
     let mut outputs = Vec::new();
     for (i, m) in shapes.iter().enumerate() {

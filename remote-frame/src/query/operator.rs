@@ -8,12 +8,12 @@
 use std::sync::Arc;
 
 use arrow_schema::FieldRef;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{ExecutionPlan, PlanProperties, ReplaceChildrenOptions};
 use datafusion::prelude::SessionConfig;
@@ -173,6 +173,20 @@ pub(crate) fn task_context_like(
     ))
 }
 
+/// `f` applied to each of `exprs` in turn, until one asks to stop: what an operator's
+/// `apply_expressions` does over the expressions it holds.
+pub(crate) fn apply_each<E: std::borrow::Borrow<Arc<dyn PhysicalExpr>>>(
+    exprs: impl IntoIterator<Item = E>,
+    f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+) -> DfResult<TreeNodeRecursion> {
+    for e in exprs {
+        if f(e.borrow())? == TreeNodeRecursion::Stop {
+            return Ok(TreeNodeRecursion::Stop);
+        }
+    }
+    Ok(TreeNodeRecursion::Continue)
+}
+
 /// `plan` with every operator of type `T` for which `replace` gives a replacement
 /// replaced by it (bottom-up, so a replacement's input is already final).
 pub(crate) fn replace_each<T: ExecutionPlan + 'static>(
@@ -222,13 +236,7 @@ macro_rules! leaf_plan_methods {
                 datafusion::common::tree_node::TreeNodeRecursion,
             >,
         ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
-            use datafusion::common::tree_node::TreeNodeRecursion;
-            for e in &self.$exprs {
-                if f(e)? == TreeNodeRecursion::Stop {
-                    return Ok(TreeNodeRecursion::Stop);
-                }
-            }
-            Ok(TreeNodeRecursion::Continue)
+            $crate::query::operator::apply_each(&self.$exprs, f)
         }
     };
     (@leaf $name:literal) => {

@@ -42,7 +42,7 @@ use datafusion::physical_plan::{
 };
 use futures::{Stream, StreamExt};
 
-use super::operator::{only_child, replace_each, unordered_properties};
+use super::operator::{apply_each, only_child, replace_each, unordered_properties};
 use super::owned::take_rows;
 
 /// Puts a [`RankFilterExec`] under the sort of each window whose rank a filter above
@@ -219,16 +219,8 @@ impl ExecutionPlan for RankFilterExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
     ) -> DfResult<TreeNodeRecursion> {
-        for e in self
-            .partition_by
-            .iter()
-            .chain(self.order_by.iter().map(|s| &s.expr))
-        {
-            if f(e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        let order_by = self.order_by.iter().map(|s| &s.expr);
+        apply_each(self.partition_by.iter().chain(order_by), f)
     }
 
     fn replace_children(

@@ -49,7 +49,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::operator::{only_child, replace_each};
+use super::operator::{apply_each, only_child, replace_each};
 
 /// Replaces each two-phase ROLLUP aggregate with a [`RollupExec`] over its input
 /// sorted by the keys (see the module docs; a physical optimizer rule, run before
@@ -321,12 +321,7 @@ impl ExecutionPlan for RollupExec {
     ) -> DfResult<TreeNodeRecursion> {
         let arguments = self.aggregates.iter().flat_map(|a| a.expressions());
         let filters = self.filters.iter().flatten().cloned();
-        for e in self.keys.iter().cloned().chain(arguments).chain(filters) {
-            if f(&e)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_each(self.keys.iter().cloned().chain(arguments).chain(filters), f)
     }
 
     fn replace_children(
