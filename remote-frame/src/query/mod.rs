@@ -76,6 +76,7 @@ mod rank_filter;
 mod repartition;
 mod reserved_pool;
 mod rollup;
+mod rule_guards;
 mod running;
 mod scan;
 mod shared;
@@ -435,6 +436,7 @@ impl QuerySession {
             .position(|r| r.name() == "push_down_filter")
             .map_or(optimizer_rules.len(), |i| i + 1);
         optimizer_rules.insert(at, Arc::new(distinct_conjuncts::DistinctConjuncts));
+        let optimizer_rules = rule_guards::guard(optimizer_rules);
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime_env)
