@@ -25,7 +25,7 @@ use arrow_array::types::{
     UInt64Type, UInt8Type,
 };
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use arrow_buffer::BooleanBuffer;
+use arrow_buffer::{BooleanBuffer, Buffer};
 use arrow_schema::{DataType, Schema};
 use datafusion::arrow::compute::cast;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
@@ -464,9 +464,8 @@ impl KeySet {
         macro_rules! over {
             ($t:ty) => {{
                 let a = keys.as_primitive::<$t>();
-                let values = a.values();
-                BooleanBuffer::collect_bool(a.len(), |i| {
-                    i64::try_from(values[i]).is_ok_and(|k| self.contains(k))
+                bits_where(a.values(), |v| {
+                    i64::try_from(v).is_ok_and(|k| self.contains(k))
                 })
             }};
         }
@@ -541,6 +540,24 @@ fn bounded_type(t: &DataType) -> bool {
     t.is_integer() || matches!(t, DataType::Date32 | DataType::Date64)
 }
 
+/// Whether `keep` holds for each of `values`, built a word of 64 values at a time in
+/// a loop of fixed length, which the compiler unrolls or vectorizes (arrow's
+/// `collect_bool` calls its closure with each index: 9 % of q96's profile).
+pub(crate) fn bits_where<T: Copy>(values: &[T], keep: impl Fn(T) -> bool) -> BooleanBuffer {
+    let word = |rows: &[T]| {
+        rows.iter()
+            .enumerate()
+            .fold(0u64, |word, (bit, &v)| word | u64::from(keep(v)) << bit)
+    };
+    let whole = values.chunks_exact(64);
+    let rest = whole.remainder();
+    let mut words: Vec<u64> = whole.map(word).collect();
+    if !rest.is_empty() {
+        words.push(word(rest));
+    }
+    BooleanBuffer::new(Buffer::from_vec(words), 0, values.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,6 +574,18 @@ mod tests {
 
     fn batch_of(schema: &Arc<Schema>, keys: ArrayRef) -> RecordBatch {
         RecordBatch::try_new(schema.clone(), vec![keys]).unwrap()
+    }
+
+    #[test]
+    fn a_mask_built_a_word_at_a_time_keeps_each_value_as_the_test_does() {
+        // Whole words, a partial last word, and an empty input.
+        for len in [0usize, 1, 63, 64, 65, 200] {
+            let values: Vec<i64> = (0..len as i64).map(|v| v * 7 % 11).collect();
+            let mask = bits_where(&values, |v| v % 3 == 0);
+            assert_eq!(mask.len(), len);
+            let expected: Vec<bool> = values.iter().map(|v| v % 3 == 0).collect();
+            assert_eq!(mask.iter().collect::<Vec<_>>(), expected, "{len} values");
+        }
     }
 
     #[test]
