@@ -80,23 +80,14 @@ fn distinct(predicate: &Expr) -> Option<Expr> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::common::tree_node::TreeNode;
     use datafusion::common::JoinType;
     use datafusion::functions::math::expr_fn::random;
-    use datafusion::logical_expr::{table_scan, LogicalPlanBuilder};
     use datafusion::optimizer::OptimizerContext;
     use datafusion::prelude::{col, lit};
 
     use super::*;
-
-    fn scan(name: &str) -> LogicalPlanBuilder {
-        let schema = Schema::new(vec![
-            Field::new(format!("{name}_k"), DataType::Int64, false),
-            Field::new(format!("{name}_v"), DataType::Int64, false),
-        ]);
-        table_scan(Some(name), &schema, None).unwrap()
-    }
+    use crate::query::test_env::key_value_scan as scan;
 
     #[test]
     fn a_join_filter_and_a_filter_keep_one_of_each_conjunct() {

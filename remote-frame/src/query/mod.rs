@@ -1090,6 +1090,18 @@ pub(crate) mod test_env {
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
 
+    /// A logical scan of table `name` with two non-null 64-bit columns, `{name}_k` and
+    /// `{name}_v`, for tests of logical rules.
+    pub(crate) fn key_value_scan(name: &str) -> datafusion::logical_expr::LogicalPlanBuilder {
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Schema::new(vec![
+            Field::new(format!("{name}_k"), DataType::Int64, false),
+            Field::new(format!("{name}_v"), DataType::Int64, false),
+        ]);
+        #[allow(clippy::unwrap_used)]
+        datafusion::logical_expr::table_scan(Some(name), &schema, None).unwrap()
+    }
+
     /// An env over `elements` local memory elements of `bytes` each, storing frames
     /// in chunks of 4,096 rows.
     pub(crate) fn local_env(elements: usize, bytes: u64) -> FrameEnv {

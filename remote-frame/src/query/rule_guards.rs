@@ -124,23 +124,15 @@ fn has_cross_join(plan: &LogicalPlan) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::logical_expr::expr::{SetComparison, SetQuantifier};
-    use datafusion::logical_expr::{table_scan, LogicalPlanBuilder, Operator, Subquery};
+    use datafusion::logical_expr::{Operator, Subquery};
     use datafusion::optimizer::eliminate_cross_join::EliminateCrossJoin;
     use datafusion::optimizer::rewrite_set_comparison::RewriteSetComparison;
     use datafusion::optimizer::OptimizerContext;
     use datafusion::prelude::{col, lit};
 
     use super::*;
-
-    fn scan(name: &str) -> LogicalPlanBuilder {
-        let schema = Schema::new(vec![
-            Field::new(format!("{name}_k"), DataType::Int64, false),
-            Field::new(format!("{name}_v"), DataType::Int64, false),
-        ]);
-        table_scan(Some(name), &schema, None).unwrap()
-    }
+    use crate::query::test_env::key_value_scan as scan;
 
     fn guarded(rule: Arc<dyn OptimizerRule + Send + Sync>) -> Arc<dyn OptimizerRule + Send + Sync> {
         let mut rules = guard(vec![rule]);
