@@ -6,10 +6,10 @@
 //! merges the schemas of every node's inputs to look for `x op ANY (subquery)`, and
 //! `eliminate_cross_join` flattens and rebuilds every tree of inner joins to turn
 //! cross joins and the filters over them into keyed joins. On the 99 queries they
-//! took 36 and 45 of the 300 ms the logical optimizer spent (a tenth of a small
-//! query's time), nearly all of it on plans with no set comparison and, after the
-//! first pass, no cross join left. [`Guarded`] runs such a rule only on a plan with
-//! something it rewrites.
+//! took 36 and 45 of the 300 ms the logical optimizer spent, nearly all of it on
+//! plans with no set comparison and, after the first pass, no cross join left.
+//! [`Guarded`] runs such a rule only on a plan with something it rewrites: planning
+//! all 99 took 590 ms instead of 630, with the same plans.
 
 use std::sync::Arc;
 
@@ -76,32 +76,16 @@ pub(crate) fn guard(
 
 /// Whether a node of `plan` or of its subqueries passes `test`.
 fn any_node(plan: &LogicalPlan, mut test: impl FnMut(&LogicalPlan) -> bool) -> bool {
-    let mut found = false;
-    // The visitor never fails.
-    let _ = plan.apply_with_subqueries(|node| {
-        found = test(node);
-        Ok(match found {
-            true => TreeNodeRecursion::Stop,
-            false => TreeNodeRecursion::Continue,
-        })
-    });
-    found
+    stopped(plan.apply_with_subqueries(|node| Ok(stop_if(test(node)))))
 }
 
 /// Whether `plan` compares a value with a subquery's (`x > ALL (…)`).
 fn has_set_comparison(plan: &LogicalPlan) -> bool {
     any_node(plan, |node| {
-        let mut found = false;
-        let _ = node.apply_expressions(|e| {
-            found = e
-                .exists(|e| Ok(matches!(e, Expr::SetComparison(_))))
-                .unwrap_or(true);
-            Ok(match found {
-                true => TreeNodeRecursion::Stop,
-                false => TreeNodeRecursion::Continue,
-            })
-        });
-        found
+        stopped(node.apply_expressions(|e| {
+            e.exists(|e| Ok(matches!(e, Expr::SetComparison(_))))
+                .map(stop_if)
+        }))
     })
 }
 
@@ -109,15 +93,29 @@ fn has_set_comparison(plan: &LogicalPlan) -> bool {
 /// join without keys or with a filter (pulled up, and its equalities made keys), or a
 /// filter over an inner join.
 fn has_cross_join(plan: &LogicalPlan) -> bool {
-    let inner =
-        |p: &LogicalPlan| matches!(p, LogicalPlan::Join(j) if j.join_type == JoinType::Inner);
     any_node(plan, |node| match node {
         LogicalPlan::Join(j) => {
             j.join_type == JoinType::Inner && (j.on.is_empty() || j.filter.is_some())
         }
-        LogicalPlan::Filter(f) => inner(&f.input),
+        LogicalPlan::Filter(f) => {
+            matches!(f.input.as_ref(), LogicalPlan::Join(j) if j.join_type == JoinType::Inner)
+        }
         _ => false,
     })
+}
+
+/// A walk that stops at what it looks for.
+fn stop_if(found: bool) -> TreeNodeRecursion {
+    match found {
+        true => TreeNodeRecursion::Stop,
+        false => TreeNodeRecursion::Continue,
+    }
+}
+
+/// Whether a walk by [`stop_if`] found what it looked for; a walk that failed is
+/// taken to have found it (the guarded rule then runs).
+fn stopped(walk: DfResult<TreeNodeRecursion>) -> bool {
+    walk.map_or(true, |r| r == TreeNodeRecursion::Stop)
 }
 
 #[cfg(test)]
