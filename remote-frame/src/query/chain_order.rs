@@ -470,13 +470,18 @@ fn greedy_order(
             .filter(|&k| !joined[k] && links(k).next().is_some())
             .collect();
         let by_key = |k: usize| links(k).any(|i| integer[i]);
+        // The rows joining `k` by a key keeps, as for a foreign key.
+        let key_join_rows = |k: usize| {
+            let (k_rows, k_base) = estimates[k];
+            rows * k_rows / base.min(k_base).max(1.0)
+        };
         // The rows joining `k` now keeps: by its key, or by the distinct values of
         // its other equalities (each side's at most its rows); unknown: none.
         let joined_rows = |k: usize| -> Option<f64> {
-            let (k_rows, k_base) = estimates[k];
             if by_key(k) {
-                return Some(rows * k_rows / base.min(k_base).max(1.0));
+                return Some(key_join_rows(k));
             }
+            let k_rows = estimates[k].0;
             links(k)
                 .filter_map(|i| {
                     let ((a, _), _) = &edges[i];
@@ -490,7 +495,7 @@ fn greedy_order(
         let fewest_by_key = connected
             .iter()
             .filter(|&&k| by_key(k))
-            .filter_map(|&k| joined_rows(k))
+            .map(|&k| key_join_rows(k))
             .min_by(f64::total_cmp);
         // An equality on other values that keeps fewer rows than every key join
         // goes first (q24: the stores of a market, then the addresses in their zip
@@ -518,9 +523,8 @@ fn greedy_order(
                     .then_with(|| names[a].cmp(&names[b]))
             })
         })?;
-        let (next_rows, next_base) = estimates[next];
-        rows = joined_rows(next).unwrap_or(rows * next_rows / base.min(next_base).max(1.0));
-        base = base.max(next_base);
+        rows = joined_rows(next).unwrap_or_else(|| key_join_rows(next));
+        base = base.max(estimates[next].1);
         cost += rows;
         joined[next] = true;
         order.push(next);

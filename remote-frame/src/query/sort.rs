@@ -20,6 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
+use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, FieldRef, Schema, SchemaRef};
 use datafusion::arrow::compute::{interleave_record_batch, sort_to_indices};
 use datafusion::arrow::row::{RowConverter, SortField};
@@ -528,10 +529,10 @@ fn sorted(
     held_schema: &SchemaRef,
 ) -> DfResult<Cursor> {
     let columns = key_columns(keys, batch)?;
-    let order: Vec<u32> = match (columns.as_slice(), keys.first()) {
+    let order: ScalarBuffer<u32> = match (columns.as_slice(), keys.first()) {
         ([column], key) => sort_to_indices(column, Some(key.options), None)?
             .values()
-            .to_vec(),
+            .clone(),
         _ => {
             let rows = converter.convert_columns(&columns)?;
             let heads: Vec<u128> = (0..rows.num_rows())
@@ -544,7 +545,7 @@ fn sorted(
                     .cmp(&heads[b])
                     .then_with(|| compare_rows(rows.row(a).data(), rows.row(b).data()))
             });
-            order
+            order.into()
         }
     };
     drop(columns);
