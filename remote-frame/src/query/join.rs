@@ -89,6 +89,7 @@ use super::operator::{
     budget_bytes, holder_cap, holds_memory, memory_holders, memory_holders_but, replace_each,
 };
 use super::owned::{owned_if_shared, take_rows};
+use super::probe_filter::{ProbeFilter, ProbeFilterShape};
 use super::reserved_pool::ReservedPool;
 use super::skew::{most_frequent_key, skew_error, DistinctKeys};
 
@@ -407,6 +408,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
             spilled_partitions: MetricBuilder::new(&self.metrics)
                 .counter("spilled_partitions", partition),
             swapped_roles: MetricBuilder::new(&self.metrics).counter("swapped_roles", partition),
+            probe_filtered: MetricBuilder::new(&self.metrics).counter("probe_filtered", partition),
             key_filter: self.key_filter.clone(),
             path: self.path.clone(),
             skew: self
@@ -437,6 +439,8 @@ struct JoinRun {
     metrics: ExecutionPlanMetricsSet,
     spilled_partitions: Count,
     swapped_roles: Count,
+    /// Partitions that ran the join as a filter of their probe rows.
+    probe_filtered: Count,
     key_filter: Option<Arc<JoinKeyFilter>>,
     path: String,
     skew: SkewMetrics,
@@ -510,11 +514,7 @@ impl Drop for SharedBuildLease {
 /// of them, or the partitions not spilled), which every partition probes with
 /// its rows of those partitions, and the spilled partitions' files.
 struct CollectedBuild {
-    join: Arc<HashJoinExec>,
-    /// The join's probe side: each partition puts its stream in before executing.
-    probes: Arc<OneShotExec>,
-    /// The context lending the rows' memory to the join's table.
-    context: Arc<TaskContext>,
+    probed: Probed,
     /// The build side split by key hash, if it did not fit whole.
     split: Option<SplitBuild>,
     /// Whether the build side has no rows.
@@ -529,6 +529,22 @@ struct SplitBuild {
     spill: Arc<SpillManager>,
 }
 
+/// How the partitions probe a shared build side in memory.
+enum Probed {
+    /// Through DataFusion's join over the rows.
+    Join {
+        join: Arc<HashJoinExec>,
+        /// The join's probe side: each partition puts its stream in before
+        /// executing.
+        probes: Arc<OneShotExec>,
+        /// The context lending the rows' memory to the join's table.
+        context: Arc<TaskContext>,
+    },
+    /// As a filter of their rows (see [`super::probe_filter`]), into batches of the
+    /// rows given.
+    Filter(Arc<ProbeFilter>, usize),
+}
+
 impl CollectedBuild {
     /// Partition `partition` of the join in memory, probed by `probe`.
     fn probe(
@@ -536,8 +552,17 @@ impl CollectedBuild {
         partition: usize,
         probe: SendableRecordBatchStream,
     ) -> DfResult<SendableRecordBatchStream> {
-        self.probes.put(partition, probe)?;
-        self.join.execute(partition, self.context.clone())
+        match &self.probed {
+            Probed::Join {
+                join,
+                probes,
+                context,
+            } => {
+                probes.put(partition, probe)?;
+                join.execute(partition, context.clone())
+            }
+            Probed::Filter(filter, batch_rows) => Ok(filter.clone().stream(probe, *batch_rows)),
+        }
     }
 }
 
@@ -699,6 +724,11 @@ impl JoinRun {
                     .empty_build_side_produces_empty_result()
             {
                 return Ok(self.empty_output(right).await);
+            }
+            if let Some(filter) = self.probe_filter(&build.held)? {
+                // The rows' memory goes back: the filter holds their keys' bitmap.
+                drop(build);
+                return Ok(filter.stream(right, self.batch_rows()));
             }
             // It fits: the wrapped join runs on the rows read, in the memory they
             // were read under.
@@ -862,6 +892,15 @@ impl JoinRun {
             (held, Some(split))
         };
         let empty = split.is_none() && held.batches.iter().all(|b| b.num_rows() == 0);
+        if split.is_none() && !empty {
+            if let Some(filter) = self.probe_filter(&held.batches)? {
+                return Ok(CollectedBuild {
+                    probed: Probed::Filter(filter, self.batch_rows()),
+                    split,
+                    empty,
+                });
+            }
+        }
         let (rows, context) = held.lend(&self.context)?;
         let partitions = self.join.properties().partitioning.partition_count();
         let probes = Arc::new(OneShotExec::slots(self.join.right().schema(), partitions));
@@ -874,9 +913,11 @@ impl JoinRun {
             .recompute_properties()
             .build()?;
         Ok(CollectedBuild {
-            join: Arc::new(join),
-            probes,
-            context,
+            probed: Probed::Join {
+                join: Arc::new(join),
+                probes,
+                context,
+            },
             split,
             empty,
         })
@@ -1062,6 +1103,24 @@ impl JoinRun {
             self.join.schema(),
             futures::stream::empty(),
         ))
+    }
+
+    /// The join as a filter of its probe rows over the whole build side `held`, if
+    /// it is one (see [`super::probe_filter`]).
+    fn probe_filter(&self, held: &[RecordBatch]) -> DfResult<Option<Arc<ProbeFilter>>> {
+        let Some(shape) = ProbeFilterShape::of(&self.join) else {
+            return Ok(None);
+        };
+        let filter = shape.over(held, self.context.memory_pool())?;
+        if filter.is_some() {
+            self.probe_filtered.add(1);
+        }
+        Ok(filter)
+    }
+
+    /// Rows in a batch of the session.
+    fn batch_rows(&self) -> usize {
+        self.context.session_config().batch_size()
     }
 
     /// Runs the wrapped join on a build side in memory and a one-partition probe side.
@@ -2397,5 +2456,99 @@ mod tests {
             "{}",
             out.explain_analyze()
         );
+    }
+
+    /// `facts`: keys 0..ROWS, every tenth null, and a value; with `small` (every
+    /// fourth key) as the dimension.
+    fn with_null_keyed_facts() -> (FrameEnv, Vec<(&'static str, RemoteFrame)>) {
+        let (env, mut frames) = env_and_frames();
+        let facts = df!(
+            "f_key" => (0..ROWS).map(|i| (i % 10 != 0).then_some(i)).collect::<Vec<_>>(),
+            "f_val" => (0..ROWS).map(|i| i % 100).collect::<Vec<_>>()
+        )
+        .unwrap();
+        frames.push(("facts", RemoteFrame::from_polars(&env, &facts).unwrap()));
+        (env, frames)
+    }
+
+    /// Runs `sql` unbudgeted and at 64 MiB over one partition and over two (a build
+    /// side shared by both), checks the answers are the same rows, and returns
+    /// the joins' `probe_filtered` at one and at two partitions and the rows.
+    fn probe_filtered(
+        env: &FrameEnv,
+        frames: &[(&str, RemoteFrame)],
+        sql: &str,
+    ) -> (usize, usize, usize) {
+        let want = collecting_session(env, frames, None).sql(sql).unwrap();
+        let (one, got) = run(env, frames, Some(64 << 20), sql);
+        assert_eq!(
+            got.height(),
+            want.rows(),
+            "{sql}\n{}",
+            one.explain_analyze()
+        );
+        let session = collecting_session(env, frames, Some(64 << 20));
+        let two = session.sql(sql).unwrap();
+        let text = two.explain_analyze();
+        assert!(
+            row_multiset(two.batches()) == row_multiset(want.batches()),
+            "{sql}: answers differ\n{text}"
+        );
+        assert_eq!(session.reserved_bytes(), 0, "reservations left behind");
+        (
+            join_metric(&one, "probe_filtered"),
+            join_metric(&two, "probe_filtered"),
+            want.rows(),
+        )
+    }
+
+    #[test]
+    fn a_join_that_only_filters_its_probe_rows_runs_as_a_filter() {
+        let (env, frames) = with_null_keyed_facts();
+        // Keys 4k with k % 13 < 5 pass; none of small's columns is output.
+        let sql = "SELECT f_key, f_val FROM facts JOIN small ON f_key = s_key WHERE s_val < 5";
+        let (one, two, rows) = probe_filtered(&env, &frames, sql);
+        let want = (0..ROWS)
+            .filter(|k| k % 4 == 0 && k % 10 != 0 && k % 13 < 5)
+            .count();
+        assert_eq!(rows, want);
+        assert_eq!((one, two), (1, 1));
+        // A join output no row of whose probe side passes: none.
+        let none = "SELECT f_val FROM facts JOIN small ON f_key = s_key WHERE s_val > 100";
+        assert_eq!(probe_filtered(&env, &frames, none).2, 0);
+    }
+
+    #[test]
+    fn semi_and_anti_joins_filter_by_the_build_keys_and_anti_keeps_null_keys() {
+        let (env, frames) = with_null_keyed_facts();
+        let semi = "SELECT f_key, f_val FROM facts \
+                    WHERE EXISTS (SELECT 1 FROM small WHERE s_key = f_key AND s_val < 5)";
+        let (one, two, rows) = probe_filtered(&env, &frames, semi);
+        let matched = (0..ROWS)
+            .filter(|k| k % 4 == 0 && k % 10 != 0 && k % 13 < 5)
+            .count();
+        assert_eq!((one, two, rows), (1, 1, matched));
+        let anti = "SELECT f_key, f_val FROM facts \
+                    WHERE NOT EXISTS (SELECT 1 FROM small WHERE s_key = f_key AND s_val < 5)";
+        let (one, two, rows) = probe_filtered(&env, &frames, anti);
+        // The null keys (a tenth) match nothing and are kept.
+        assert_eq!((one, two, rows), (1, 1, ROWS as usize - matched));
+    }
+
+    #[test]
+    fn joins_that_output_build_rows_or_repeat_build_keys_stay_joins() {
+        let (env, frames) = with_null_keyed_facts();
+        // A build column output.
+        let sql = "SELECT f_key, s_val FROM facts JOIN small ON f_key = s_key";
+        let (one, two, _) = probe_filtered(&env, &frames, sql);
+        assert_eq!((one, two), (0, 0));
+        // Each build key twice: each matching probe row is output twice.
+        let twice = "SELECT f_key FROM facts JOIN \
+                     (SELECT s_key FROM small UNION ALL SELECT s_key FROM small) d \
+                     ON f_key = d.s_key";
+        let (one, two, rows) = probe_filtered(&env, &frames, twice);
+        assert_eq!((one, two), (0, 0));
+        let matched = (0..ROWS).filter(|k| k % 4 == 0 && k % 10 != 0).count();
+        assert_eq!(rows, 2 * matched);
     }
 }

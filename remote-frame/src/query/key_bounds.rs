@@ -440,6 +440,63 @@ impl KeySet {
         Some(Arc::new(self))
     }
 
+    /// `key IN (the non-null keys of values)` over exactly their range (no bits
+    /// shared), its bitmap reserved from `pool`, and whether some key came more than
+    /// once. `None` when there is no key, their range passes `most_bits`, a value
+    /// is beyond `i64` or the pool has no room.
+    pub(crate) fn exact(
+        key: Arc<dyn PhysicalExpr>,
+        values: &[ArrayRef],
+        most_bits: u64,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> DfResult<Option<(Arc<KeySet>, bool)>> {
+        let mut ints = Vec::with_capacity(values.len());
+        for v in values {
+            // A value `i64` cannot hold becomes null in the cast.
+            let cast = cast(v, &DataType::Int64)?;
+            if cast.null_count() != v.null_count() {
+                return Ok(None);
+            }
+            ints.push(cast);
+        }
+        let keys = || {
+            ints.iter()
+                .flat_map(|a| a.as_primitive::<Int64Type>().iter().flatten())
+        };
+        let (Some(lo), Some(hi)) = (keys().min(), keys().max()) else {
+            return Ok(None);
+        };
+        let span = hi.abs_diff(lo).saturating_add(1);
+        if span > most_bits {
+            return Ok(None);
+        }
+        let width = span.next_power_of_two();
+        let mut bits = vec![0u64; width.div_ceil(64) as usize];
+        let reservation = MemoryConsumer::new("join key set").register(pool);
+        if reservation
+            .try_grow(bits.len() * std::mem::size_of::<u64>())
+            .is_err()
+        {
+            return Ok(None);
+        }
+        let mut repeated = false;
+        for k in keys() {
+            let at = k.wrapping_sub(lo) as u64 as usize;
+            let (word, bit) = (at / 64, 1u64 << (at % 64));
+            repeated |= bits[word] & bit != 0;
+            bits[word] |= bit;
+        }
+        let set = KeySet {
+            key,
+            lo,
+            hi,
+            mask: width - 1,
+            bits: Arc::new(bits),
+            reservation: Some(Arc::new(reservation)),
+        };
+        Ok(Some((Arc::new(set), repeated)))
+    }
+
     fn contains(&self, k: i64) -> bool {
         // One unsigned comparison for both bounds; the bit of an offset past the
         // range is read but not kept (the mask keeps it inside the bitmap).
@@ -536,7 +593,7 @@ impl PhysicalExpr for KeySet {
     }
 }
 
-fn bounded_type(t: &DataType) -> bool {
+pub(crate) fn bounded_type(t: &DataType) -> bool {
     t.is_integer() || matches!(t, DataType::Date32 | DataType::Date64)
 }
 
@@ -621,6 +678,67 @@ mod tests {
         ]);
         assert_eq!(got.as_boolean(), &want);
         assert_eq!(set.to_string(), "k@0 IN (3 build keys from -3)");
+    }
+
+    #[test]
+    fn an_exact_key_set_tests_each_key_of_its_range_and_tells_repeated_keys() {
+        let (schema, key) = one_key(DataType::Int64);
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let build: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![Some(5), None, Some(130)])),
+            Arc::new(Int64Array::from(vec![Some(-2)])),
+        ];
+        let (set, repeated) = KeySet::exact(key.clone(), &build, 1 << 10, &pool)
+            .unwrap()
+            .unwrap();
+        assert!(!repeated);
+        // The bitmap (133 keys: 256 bits) is reserved while the set lives.
+        assert_eq!(pool.reserved(), 32);
+        let probe: ArrayRef = Arc::new(Int64Array::from(vec![
+            Some(-2),
+            Some(-1),
+            Some(5),
+            Some(6),
+            None,
+            Some(130),
+            // Past the range by a multiple of the bitmap's width: not folded in.
+            Some(5 + 256),
+            Some(i64::MIN),
+        ]));
+        let got = set.mask(&batch_of(&schema, probe)).unwrap();
+        let want = BooleanArray::from(vec![
+            Some(true),
+            Some(false),
+            Some(true),
+            Some(false),
+            None,
+            Some(true),
+            Some(false),
+            Some(false),
+        ]);
+        assert_eq!(got, want);
+        drop(set);
+        assert_eq!(pool.reserved(), 0);
+
+        let twice: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![3, 4])),
+            Arc::new(Int64Array::from(vec![4])),
+        ];
+        let (_, repeated) = KeySet::exact(key.clone(), &twice, 1 << 10, &pool)
+            .unwrap()
+            .unwrap();
+        assert!(repeated);
+        // No keys, a range wider than allowed, a value beyond i64: no set.
+        let none: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![None::<i64>]))];
+        assert!(KeySet::exact(key.clone(), &none, 1 << 10, &pool)
+            .unwrap()
+            .is_none());
+        let wide: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![0, 1 << 10]))];
+        assert!(KeySet::exact(key.clone(), &wide, 1 << 10, &pool)
+            .unwrap()
+            .is_none());
+        let huge: Vec<ArrayRef> = vec![Arc::new(UInt64Array::from(vec![1, u64::MAX]))];
+        assert!(KeySet::exact(key, &huge, 1 << 10, &pool).unwrap().is_none());
     }
 
     #[test]

@@ -72,6 +72,7 @@ mod numeric;
 mod operator;
 mod owned;
 mod peak;
+mod probe_filter;
 mod rank_filter;
 mod repartition;
 mod reserved_pool;
