@@ -3,7 +3,10 @@
 //! DataFusion's hash join holds its whole build side and fails when the memory pool
 //! cannot take it. [`SpillingHashJoinExec`] wraps such a join and reads the build
 //! side while its reservation grows (up to half the budget):
-//! - if the whole side fits, the wrapped join runs as is on the rows read;
+//! - if the whole side fits, the wrapped join runs as is on the rows read, or,
+//!   where its output is the probe rows whose one integer key is among the build
+//!   keys (no build column output), as a filter of the probe rows
+//!   ([`super::probe_filter`]);
 //! - if not, and the probe side turns out to fit (a quarter of the budget), the
 //!   roles swap: the probe side is built, the build side probes. Build sides are
 //!   chosen on estimates, which can be far off; this costs no spilling at all;
