@@ -233,6 +233,8 @@ impl ProbeFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
     use arrow_array::Int64Array;
     use arrow_schema::{DataType, Field, Schema};
     use datafusion::execution::memory_pool::UnboundedMemoryPool;
@@ -296,14 +298,7 @@ mod tests {
         assert_eq!(sizes, [5, 5, 2]);
         let values: Vec<i64> = batches
             .iter()
-            .flat_map(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<Int64Array>()
-                    .unwrap()
-                    .values()
-                    .to_vec()
-            })
+            .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
             .collect();
         let want: Vec<i64> = (0..12).map(|i| 30 * i).collect();
         assert_eq!(values, want);
