@@ -1,6 +1,6 @@
 //! Command handling: what a decoded request does to the region, and its reply.
 
-use std::io::{BufWriter, Write};
+use std::io::{self, BufWriter, IoSlice, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 
@@ -104,16 +104,21 @@ pub(super) fn handle(
                     }
                     protocol::pad_response(out, total as usize);
                 } else {
-                    writer.write_all(out)?;
-                    out.clear();
-                    for s in &segments {
-                        region.read_with(s.addr, s.len.into(), |piece| {
-                            writer.write_all(piece).map_err(ConnError::Io)
-                        })?;
-                    }
-                    protocol::pad_response(out, total as usize);
+                    // Head, the segments straight from the region, padding: one
+                    // vectored write (a reply smaller than the writer's buffer is
+                    // still gathered there).
+                    let mut padding = Vec::new();
+                    protocol::pad_response(&mut padding, total as usize);
+                    let ranges: Vec<(u64, u64)> =
+                        segments.iter().map(|s| (s.addr, s.len.into())).collect();
+                    region.read_ranges(&ranges, |pieces| {
+                        let mut slices = Vec::with_capacity(pieces.len() + 2);
+                        slices.push(IoSlice::new(out));
+                        slices.extend(pieces.iter().map(|p| IoSlice::new(p)));
+                        slices.push(IoSlice::new(&padding));
+                        write_all_vectored(writer, &mut slices).map_err(ConnError::Io)
+                    })?;
                     // The reply's bytes are in flight until they left the buffer.
-                    writer.write_all(out)?;
                     out.clear();
                 }
                 shared
@@ -180,4 +185,19 @@ fn translate(
         }
     }
     None
+}
+
+/// Writes all of `slices` to `writer`, as many at once as it takes.
+fn write_all_vectored(writer: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    // Empty slices first, so that a write of 0 bytes means the peer is gone.
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match writer.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
