@@ -118,7 +118,7 @@ pub(super) fn handle(
                         slices.push(IoSlice::new(&padding));
                         write_all_vectored(writer, &mut slices).map_err(ConnError::Io)
                     })?;
-                    // The reply's bytes are in flight until they left the buffer.
+                    // The head went out with the segments.
                     out.clear();
                 }
                 shared
