@@ -325,9 +325,9 @@ impl JoinKeyFilter {
             return Ok(());
         };
         let listed = match (&bounds.listed, self.probe_keys.as_slice()) {
-            (Some(keys), [key]) => {
-                listed_keys(key, keys, !self.repartitioned).and_then(|set| set.reserved(pool))
-            }
+            (Some(keys), [key]) => listed_keys(key, keys, !self.repartitioned)
+                .and_then(|set| set.reserved(pool))
+                .map(|set| set as Arc<dyn PhysicalExpr>),
             _ => None,
         };
         let ranges = self
@@ -372,25 +372,18 @@ fn listed_keys(key: &Arc<dyn PhysicalExpr>, keys: &[i64], sparse_only: bool) -> 
     let (&lo, &hi) = (keys.iter().min()?, keys.iter().max()?);
     // At least 1: the keys' span may exceed i64 (then saturated).
     let span = hi.saturating_sub(lo).saturating_add(1);
-    let bits_len = span.min(KEY_SET_MOST_BITS) as u64;
-    let width = bits_len.next_power_of_two();
-    let mut bits = vec![0u64; width.div_ceil(64) as usize];
-    for &k in keys {
-        let at = (k.wrapping_sub(lo) as u64 & (width - 1)) as usize;
-        bits[at / 64] |= 1 << (at % 64);
-    }
-    let distinct: i64 = bits.iter().map(|w| i64::from(w.count_ones())).sum();
+    let set = KeySet::of(
+        key.clone(),
+        lo,
+        hi,
+        KEY_SET_MOST_BITS as u64,
+        keys.iter().copied(),
+    );
+    let distinct = i64::try_from(set.distinct()).unwrap_or(i64::MAX);
     if sparse_only && distinct.saturating_mul(SPARSE_KEYS_MOST_FRACTION) > span {
         return None;
     }
-    Some(KeySet {
-        key: key.clone(),
-        lo,
-        hi,
-        mask: width - 1,
-        bits: Arc::new(bits),
-        reservation: None,
-    })
+    Some(set)
 }
 
 /// Whether an integer or date key is one of a set of build keys: a bitmap over
@@ -429,9 +422,45 @@ impl std::hash::Hash for KeySet {
 }
 
 impl KeySet {
+    /// `key IN (keys)`, all of them within `lo..=hi`, over a bitmap of at most
+    /// `most_bits` bits (keys over a wider range share bits), not reserved.
+    fn of(
+        key: Arc<dyn PhysicalExpr>,
+        lo: i64,
+        hi: i64,
+        most_bits: u64,
+        keys: impl Iterator<Item = i64>,
+    ) -> Self {
+        let width = Self::width(lo, hi, most_bits);
+        let mut bits = vec![0u64; width.div_ceil(64) as usize];
+        for k in keys {
+            let at = (k.wrapping_sub(lo) as u64 & (width - 1)) as usize;
+            bits[at / 64] |= 1 << (at % 64);
+        }
+        KeySet {
+            key,
+            lo,
+            hi,
+            mask: width - 1,
+            bits: Arc::new(bits),
+            reservation: None,
+        }
+    }
+
+    /// The bits of a set of keys within `lo..=hi` and of at most `most_bits` bits.
+    fn width(lo: i64, hi: i64, most_bits: u64) -> u64 {
+        let span = hi.abs_diff(lo).saturating_add(1);
+        span.min(most_bits).next_power_of_two()
+    }
+
+    /// How many bits are set: the distinct keys when none share a bit.
+    fn distinct(&self) -> u64 {
+        self.bits.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
     /// The set with its bitmap's memory reserved from `pool`; `None` when the pool
     /// has no room for it (the bounds are then published alone).
-    fn reserved(mut self, pool: &Arc<dyn MemoryPool>) -> Option<Arc<dyn PhysicalExpr>> {
+    fn reserved(mut self, pool: &Arc<dyn MemoryPool>) -> Option<Arc<Self>> {
         let reservation = MemoryConsumer::new("hash join key set").register(pool);
         reservation
             .try_grow(self.bits.len() * std::mem::size_of::<u64>())
@@ -466,34 +495,19 @@ impl KeySet {
         let (Some(lo), Some(hi)) = (keys().min(), keys().max()) else {
             return Ok(None);
         };
-        let span = hi.abs_diff(lo).saturating_add(1);
-        if span > most_bits {
+        if hi.abs_diff(lo).saturating_add(1) > most_bits {
             return Ok(None);
         }
-        let width = span.next_power_of_two();
-        let mut bits = vec![0u64; width.div_ceil(64) as usize];
-        let reservation = MemoryConsumer::new("join key set").register(pool);
-        if reservation
-            .try_grow(bits.len() * std::mem::size_of::<u64>())
-            .is_err()
-        {
+        // Reserved before it is built; within `most_bits`, no two keys share a bit.
+        let reservation = MemoryConsumer::new("hash join key set").register(pool);
+        let words = Self::width(lo, hi, most_bits).div_ceil(64) as usize;
+        let bytes = words * std::mem::size_of::<u64>();
+        if reservation.try_grow(bytes).is_err() {
             return Ok(None);
         }
-        let mut repeated = false;
-        for k in keys() {
-            let at = k.wrapping_sub(lo) as u64 as usize;
-            let (word, bit) = (at / 64, 1u64 << (at % 64));
-            repeated |= bits[word] & bit != 0;
-            bits[word] |= bit;
-        }
-        let set = KeySet {
-            key,
-            lo,
-            hi,
-            mask: width - 1,
-            bits: Arc::new(bits),
-            reservation: Some(Arc::new(reservation)),
-        };
+        let mut set = KeySet::of(key, lo, hi, most_bits, keys());
+        set.reservation = Some(Arc::new(reservation));
+        let repeated = set.distinct() < keys().count() as u64;
         Ok(Some((Arc::new(set), repeated)))
     }
 
