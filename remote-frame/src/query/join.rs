@@ -89,7 +89,8 @@ use super::grace::{
 use super::join_order;
 use super::key_bounds::{greatest, least, min_max, JoinKeyFilter};
 use super::operator::{
-    budget_bytes, holder_cap, holds_memory, memory_holders, memory_holders_but, replace_each,
+    budget_bytes, holder_cap, holds_memory, limit_rows, memory_holders, memory_holders_but,
+    replace_each,
 };
 use super::owned::{owned_if_shared, take_rows};
 use super::probe_filter::{ProbeFilter, ProbeFilterShape};
@@ -1558,25 +1559,6 @@ fn join_kernel(join_type: JoinType) -> &'static str {
         JoinType::LeftMark => "hash join (LeftMark)",
         JoinType::RightMark => "hash join (RightMark)",
     }
-}
-
-/// The first `rows` rows of `input`.
-fn limit_rows<S>(input: S, rows: usize) -> impl futures::Stream<Item = DfResult<RecordBatch>>
-where
-    S: futures::Stream<Item = DfResult<RecordBatch>>,
-{
-    input.scan(rows, |left, batch| {
-        let out = match batch {
-            Ok(_) if *left == 0 => None,
-            Ok(b) => {
-                let take = b.num_rows().min(*left);
-                *left -= take;
-                Some(Ok(b.slice(0, take)))
-            }
-            Err(e) => Some(Err(e)),
-        };
-        futures::future::ready(out)
-    })
 }
 
 /// What DataFusion's hash join reserves for a hash table over the build rows `held`,

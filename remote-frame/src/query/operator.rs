@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
 use arrow_schema::FieldRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result as DfResult};
@@ -357,3 +358,26 @@ macro_rules! wrapped_plan_methods {
 pub(crate) use leaf_plan_methods;
 pub(crate) use with_new_children_by_replace;
 pub(crate) use wrapped_plan_methods;
+
+/// The first `rows` rows of `input`.
+pub(crate) fn limit_rows<S>(
+    input: S,
+    rows: usize,
+) -> impl futures::Stream<Item = DfResult<RecordBatch>>
+where
+    S: futures::Stream<Item = DfResult<RecordBatch>>,
+{
+    use futures::StreamExt;
+    input.scan(rows, |left, batch| {
+        let out = match batch {
+            Ok(_) if *left == 0 => None,
+            Ok(b) => {
+                let take = b.num_rows().min(*left);
+                *left -= take;
+                Some(Ok(b.slice(0, take)))
+            }
+            Err(e) => Some(Err(e)),
+        };
+        futures::future::ready(out)
+    })
+}

@@ -26,6 +26,7 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::StreamExt;
 
 use super::key_bounds::{bounded_type, KeySet};
+use super::operator::limit_rows;
 
 /// The widest range of build keys a probe filter's bitmap covers: 2^22 bits,
 /// 512 KiB (`customer_demographics`' 1.9 M keys take 2^21).
@@ -169,22 +170,15 @@ impl ProbeFilter {
         batch_rows: usize,
     ) -> SendableRecordBatchStream {
         let schema = self.shape.schema.clone();
+        let fetch = self.shape.fetch;
         let coalescer = BatchCoalescer::new(schema.clone(), batch_rows.max(1));
-        let state = Some((probe, coalescer, 0usize));
-        let batches = futures::stream::unfold(state, move |state| {
+        let batches = futures::stream::unfold(Some((probe, coalescer)), move |state| {
             let filter = self.clone();
             async move {
-                let (mut probe, mut coalescer, mut sent) = state?;
-                let fetch = filter.shape.fetch.unwrap_or(usize::MAX);
+                let (mut probe, mut coalescer) = state?;
                 loop {
                     if let Some(batch) = coalescer.next_completed_batch() {
-                        let batch = batch.slice(0, batch.num_rows().min(fetch - sent));
-                        sent += batch.num_rows();
-                        let next = (sent < fetch).then_some((probe, coalescer, sent));
-                        return Some((Ok(batch), next));
-                    }
-                    if sent >= fetch {
-                        return None;
+                        return Some((Ok(batch), Some((probe, coalescer))));
                     }
                     match probe.next().await {
                         Some(Ok(batch)) => {
@@ -197,15 +191,19 @@ impl ProbeFilter {
                             if let Err(e) = coalescer.finish_buffered_batch() {
                                 return Some((Err(e.into()), None));
                             }
-                            let batch = coalescer.next_completed_batch()?;
-                            let batch = batch.slice(0, batch.num_rows().min(fetch - sent));
-                            return Some((Ok(batch), None));
+                            return coalescer.next_completed_batch().map(|b| (Ok(b), None));
                         }
                     }
                 }
             }
         });
-        Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+        match fetch {
+            Some(rows) => Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                limit_rows(batches, rows),
+            )),
+            None => Box::pin(RecordBatchStreamAdapter::new(schema, batches)),
+        }
     }
 
     /// Filters the probe batch `batch` into `coalescer`.
