@@ -204,8 +204,9 @@ impl TableProvider for RemoteTable {
     }
 }
 
-/// Reads a frame's projected columns: chunks are split over the partitions in
-/// contiguous ranges, and each chunk read is one vectored read per memory element.
+/// Reads a frame's projected columns: chunks are dealt to the partitions in turn
+/// (partition p reads chunks p, p + n, ... of n partitions, in frame order), and each
+/// chunk read is one vectored read per memory element.
 /// Chunks that dynamic filters pushed down from joins exclude are skipped, and the
 /// rows they exclude are dropped from the chunks read when few pass (see
 /// [`ROW_FILTER_MOST_KEPT`]).
@@ -220,8 +221,10 @@ pub(crate) struct RemoteScanExec {
     /// What the planner is told of the scan (computed once: the planner asks for it
     /// many times per query).
     planner_stats: Arc<Statistics>,
-    /// Ranges of `chunks`, one per partition.
-    ranges: Vec<std::ops::Range<usize>>,
+    /// Partitions the chunks are dealt to. In turn, not in contiguous ranges: the
+    /// chunks a date range's dynamic filter leaves of a fact table stored in date
+    /// order lie together, and contiguous ranges gave them all to one partition.
+    parts: usize,
     batch_rows: usize,
     limit: Option<usize>,
     properties: Arc<PlanProperties>,
@@ -256,9 +259,6 @@ impl RemoteScanExec {
     ) -> Self {
         let n = chunks.len();
         let parts = partitions.min(n).max(1);
-        let ranges = (0..parts)
-            .map(|p| (p * n / parts)..((p + 1) * n / parts))
-            .collect();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
             Partitioning::UnknownPartitioning(parts),
@@ -273,7 +273,7 @@ impl RemoteScanExec {
             chunks,
             columns,
             schema,
-            ranges,
+            parts,
             batch_rows,
             limit,
             properties,
@@ -420,7 +420,7 @@ impl DisplayAs for RemoteScanExec {
             self.frame.rows(),
             self.chunks.len(),
             self.frame.chunk_count(),
-            self.ranges.len(),
+            self.parts,
             names.join(", ")
         )?;
         if let Some(l) = self.limit {
@@ -479,12 +479,12 @@ impl ExecutionPlan for RemoteScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let range = self.ranges.get(partition).cloned().ok_or_else(|| {
-            DataFusionError::Internal(format!(
+        if partition >= self.parts {
+            return Err(DataFusionError::Internal(format!(
                 "RemoteScanExec has {} partitions, partition {partition} asked for",
-                self.ranges.len()
-            ))
-        })?;
+                self.parts
+            )));
+        }
         self.frame
             .check_live()
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -497,7 +497,12 @@ impl ExecutionPlan for RemoteScanExec {
                 self.row_index.clone(),
                 &context,
             )?,
-            self.chunks[range].to_vec(),
+            self.chunks
+                .iter()
+                .skip(partition)
+                .step_by(self.parts)
+                .copied()
+                .collect(),
             self.limit,
             &self.metrics,
             partition,
@@ -1107,7 +1112,12 @@ mod tests {
     use datafusion::physical_expr::expressions::{lit, BinaryExpr, Column};
     use datafusion::physical_expr::PhysicalExpr;
 
-    use super::range_mask;
+    use datafusion::physical_plan::common::collect;
+
+    use super::{range_mask, RemoteScanExec};
+    use crate::frame::RemoteFrame;
+    use crate::query::test_env::local_env;
+    use crate::query::QuerySession;
 
     fn batch(columns: Vec<ArrayRef>) -> RecordBatch {
         RecordBatch::try_from_iter(
@@ -1237,6 +1247,46 @@ mod tests {
         )) as Arc<dyn PhysicalExpr>;
         for filter in [strict, reversed, two_columns, strings, or] {
             assert!(range_mask(&filter, &b).is_none(), "{filter}");
+        }
+    }
+
+    /// Two partitions are dealt a five-chunk frame's chunks in turn, each reading its
+    /// own in frame order: 0, 2, 4 and 1, 3 (contiguous ranges gave one partition all
+    /// the chunks a key range leaves of a frame stored in key order).
+    #[test]
+    fn partitions_are_dealt_the_chunks_in_turn() {
+        let env = local_env(1, 16 << 20);
+        let rows: i64 = 5 * 4096;
+        let keys = batch(vec![Arc::new(Int64Array::from_iter_values(0..rows))]);
+        let frame = RemoteFrame::from_record_batches(&env, &[keys]).unwrap();
+        assert_eq!(frame.chunk_count(), 5);
+        let session = QuerySession::with_partitions(&env, 2).unwrap();
+        session.register("t", &frame).unwrap();
+        let (_, plan) = session.plan("SELECT c0 FROM t").unwrap();
+        let mut scans = vec![plan];
+        let scan = loop {
+            let node = scans.pop().expect("a scan in the plan");
+            if node.downcast_ref::<RemoteScanExec>().is_some() {
+                break node;
+            }
+            scans.extend(node.children().into_iter().cloned());
+        };
+        assert_eq!(scan.properties().partitioning.partition_count(), 2);
+        for (partition, chunks) in [(0, vec![0, 2, 4]), (1, vec![1, 3])] {
+            let stream = scan.execute(partition, session.ctx.task_ctx()).unwrap();
+            let batches = session.runtime.block_on(collect(stream)).unwrap();
+            let read: Vec<i64> = batches
+                .iter()
+                .flat_map(|b| {
+                    let keys = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                    keys.values().to_vec()
+                })
+                .collect();
+            let expected: Vec<i64> = chunks
+                .iter()
+                .flat_map(|c| c * 4096..(c + 1) * 4096)
+                .collect();
+            assert_eq!(read, expected, "partition {partition}");
         }
     }
 }
