@@ -439,11 +439,14 @@ fn main() -> Result<()> {
         println!("{engine}: {done} of {} queries finished", queries.len());
         results.insert(engine, cells);
     }
-    // Engines not run keep the results of the last run at this scale and budget:
-    // a 24 GiB machine runs the engines in groups (`--engines`), and each group
-    // must not drop the others' results.
+    // Engines and queries not run keep the results of the last run at this scale
+    // and budget: a 24 GiB machine runs the engines in groups (`--engines`), and a
+    // run of some queries (`--queries`) must not drop the others' results.
     for (engine, cells) in earlier_results(set.manifest.sf, budget)? {
-        results.entry(engine).or_insert(cells);
+        let kept = results.entry(engine).or_default();
+        for (query, cell) in cells {
+            kept.entry(query).or_insert(cell);
+        }
     }
     write_results(&args, &set, &queries, budget, &results)
 }
@@ -491,6 +494,8 @@ fn write_results(
     let dir = results_dir()?;
     let cell = |e: &str, q: &str| results.get(e).and_then(|m| m.get(q));
     let secs = |e: &str, q: &str| cell(e, q).and_then(|c| c.secs);
+    // The times of the queries of this run an engine finished.
+    let finished = |e: &str| -> Vec<f64> { queries.iter().filter_map(|q| secs(e, q)).collect() };
 
     let mut jsonl = std::fs::File::create(dir.join("tpcds.jsonl"))?;
     for (engine, cells) in results {
@@ -575,8 +580,8 @@ fn write_results(
         md,
         "\n| engine | finished | total of finished, s |\n|---|---|---|"
     )?;
-    for (engine, cells) in results {
-        let done: Vec<f64> = cells.values().filter_map(|c| c.secs).collect();
+    for engine in results.keys() {
+        let done = finished(engine);
         writeln!(
             md,
             "| {engine} | {} of {} | {} |",
@@ -618,6 +623,9 @@ fn write_results(
         )?;
     }
     for q in ["q1", "q16", "q94", "q95"] {
+        if !queries.iter().any(|r| r == q) {
+            continue;
+        }
         if let (Some(o), Some(d)) = (secs("ours", q), secs("duckdb", q)) {
             writeln!(
                 md,
@@ -631,8 +639,8 @@ fn write_results(
     println!("\n{md}");
 
     let mut bars = Vec::new();
-    for (engine, cells) in results {
-        let done: Vec<f64> = cells.values().filter_map(|c| c.secs).collect();
+    for engine in results.keys() {
+        let done = finished(engine);
         bars.push(Bar {
             group: engine.to_string(),
             label: format!("{engine}: {} of {} queries", done.len(), queries.len()),
