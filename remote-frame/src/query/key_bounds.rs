@@ -136,17 +136,20 @@ fn list_values(
     reservation: &mut MemoryReservation,
     values: &ArrayRef,
 ) -> DfResult<()> {
-    // A value `i64` cannot hold becomes null in the cast.
-    let ints = cast(values, &DataType::Int64)?;
-    let ints = ints.as_primitive::<Int64Type>();
-    let all = ints.null_count() == values.null_count();
-    let count = ints.len() - ints.null_count();
-    list(
-        listed,
-        reservation,
-        all.then(|| (count, ints.iter().flatten())),
-    );
+    let ints = as_i64(values)?;
+    let more = ints.as_ref().map(|ints| {
+        let ints = ints.as_primitive::<Int64Type>();
+        (ints.len() - ints.null_count(), ints.iter().flatten())
+    });
+    list(listed, reservation, more);
     Ok(())
+}
+
+/// `values` cast to `Int64`, or `None` when some value is beyond `i64` (the cast
+/// makes it null).
+fn as_i64(values: &ArrayRef) -> DfResult<Option<ArrayRef>> {
+    let ints = cast(values, &DataType::Int64)?;
+    Ok((ints.null_count() == values.null_count()).then_some(ints))
 }
 
 /// Takes the `count` keys `more` into `listed`, reserving their memory first; stops
@@ -481,11 +484,9 @@ impl KeySet {
     ) -> DfResult<Option<(Arc<KeySet>, bool)>> {
         let mut ints = Vec::with_capacity(values.len());
         for v in values {
-            // A value `i64` cannot hold becomes null in the cast.
-            let cast = cast(v, &DataType::Int64)?;
-            if cast.null_count() != v.null_count() {
+            let Some(cast) = as_i64(v)? else {
                 return Ok(None);
-            }
+            };
             ints.push(cast);
         }
         let keys = || {
