@@ -1103,6 +1103,8 @@ impl ScanState {
 mod tests {
     use std::sync::Arc;
 
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
     use arrow_array::StringArray;
     use arrow_array::{
         Array, ArrayRef, BooleanArray, Date32Array, Int32Array, Int64Array, RecordBatch,
@@ -1111,7 +1113,6 @@ mod tests {
     use datafusion::logical_expr::Operator;
     use datafusion::physical_expr::expressions::{lit, BinaryExpr, Column};
     use datafusion::physical_expr::PhysicalExpr;
-
     use datafusion::physical_plan::common::collect;
 
     use super::{range_mask, RemoteScanExec};
@@ -1277,10 +1278,7 @@ mod tests {
             let batches = session.runtime.block_on(collect(stream)).unwrap();
             let read: Vec<i64> = batches
                 .iter()
-                .flat_map(|b| {
-                    let keys = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-                    keys.values().to_vec()
-                })
+                .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
                 .collect();
             let expected: Vec<i64> = chunks
                 .iter()
