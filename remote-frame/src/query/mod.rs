@@ -56,6 +56,7 @@
 mod aggregate;
 mod aggregate_groups;
 mod chain_order;
+mod converging;
 mod distinct_conjuncts;
 mod distributed;
 mod eager_aggregate;
@@ -437,6 +438,12 @@ impl QuerySession {
             .position(|r| r.name() == "push_down_filter")
             .map_or(optimizer_rules.len(), |i| i + 1);
         optimizer_rules.insert(at, Arc::new(distinct_conjuncts::DistinctConjuncts));
+        // A limit pushed into its sort goes in the same pass.
+        let at = optimizer_rules
+            .iter()
+            .position(|r| r.name() == "push_down_limit")
+            .map_or(optimizer_rules.len(), |i| i + 1);
+        optimizer_rules.insert(at, Arc::new(converging::LimitsInSorts));
         let optimizer_rules = rule_guards::guard(optimizer_rules);
         let mut state = SessionStateBuilder::new()
             .with_config(config)
@@ -461,6 +468,9 @@ impl QuerySession {
         ctx.add_optimizer_rule(Arc::new(chain_order::ChainOrder));
         ctx.add_optimizer_rule(Arc::new(eager_aggregate::EagerAggregation));
         ctx.add_optimizer_rule(Arc::new(merged_subqueries::MergedSubqueries));
+        // Last in each pass: a pass that only renamed common subexpressions repeats
+        // the plan it was given, and the optimizer stops.
+        ctx.add_optimizer_rule(Arc::new(converging::CommonExprNames));
         let runtime = shared_runtime(threads)?;
         Ok(QuerySession {
             env: env.clone(),

@@ -131,6 +131,10 @@ struct Args {
     /// (EXPLAIN ANALYZE: rows, time, bytes read, spills) instead of the table.
     #[arg(long, conflicts_with_all = ["explain", "stage_processes"])]
     analyze: bool,
+    /// Print each query's plan after every analyzer and optimizer rule, pass by pass
+    /// (DataFusion's EXPLAIN VERBOSE), instead of running it.
+    #[arg(long, conflicts_with_all = ["explain", "analyze", "stage_processes"])]
+    explain_rules: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -305,6 +309,15 @@ fn main() -> Result<()> {
             println!("-- {q} (planned in {took:.1?})\n{plan}");
         }
         println!("planned {} queries in {planning:.2?}", queries.len());
+        return Ok(());
+    }
+    if args.explain_rules {
+        for q in &queries {
+            let sql = scad_tpcds::engine::query_sql(&set, q)?;
+            let out = session.sql(&format!("EXPLAIN VERBOSE {sql}"))?;
+            let table = datafusion::arrow::util::pretty::pretty_format_batches(out.batches())?;
+            println!("-- {q}\n{table}");
+        }
         return Ok(());
     }
     if args.analyze {
