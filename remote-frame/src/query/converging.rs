@@ -20,9 +20,10 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::Result as DfResult;
+use datafusion::common::{DFSchemaRef, Result as DfResult};
 use datafusion::logical_expr::{Expr, FetchType, LogicalPlan, SkipType};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
@@ -225,20 +226,48 @@ fn renamed(plan: &LogicalPlan, numbers: &HashMap<u64, u64>) -> DfResult<Option<L
     let rewritten = plan
         .clone()
         .transform_up(|node| {
+            // Only a node with a renamed name in its expressions or its schema (from
+            // its inputs) changes; the others keep their schemas.
+            let stale = node
+                .schema()
+                .fields()
+                .iter()
+                .any(|f| rename(f.name(), numbers).is_some());
             let node = node.map_expressions(|e| e.transform(|e| renamed_expr(e, numbers)))?;
-            // A node whose expressions did not change may still have inputs whose
-            // names did: its schema is recomputed either way.
-            let transformed = node.transformed;
-            node.data
-                .recompute_schema()
-                .map(|n| Transformed::new_transformed(n, transformed))
+            if !(stale || node.transformed) {
+                return Ok(node);
+            }
+            node.data.recompute_schema().map(Transformed::yes)
         })?
         .data;
-    let expected: Vec<String> = schema_names(plan)
-        .into_iter()
-        .map(|n| rename(&n, numbers).unwrap_or(n))
-        .collect();
-    Ok((schema_names(&rewritten) == expected).then_some(rewritten))
+    Ok(renamed_alike(plan, &rewritten, numbers).then_some(rewritten))
+}
+
+/// Whether every node of `after` has the names of the same node of `before`, renamed
+/// by `numbers`.
+fn renamed_alike(before: &LogicalPlan, after: &LogicalPlan, numbers: &HashMap<u64, u64>) -> bool {
+    let (before, after) = (schemas(before), schemas(after));
+    before.len() == after.len()
+        && before.iter().zip(&after).all(|(b, a)| {
+            b.fields().len() == a.fields().len()
+                && b.fields().iter().zip(a.fields().iter()).all(|(b, a)| {
+                    match rename(b.name(), numbers) {
+                        Some(renamed) => &renamed == a.name(),
+                        None => b.name() == a.name(),
+                    }
+                })
+        })
+}
+
+/// Every node's schema, nodes from the root down.
+fn schemas(plan: &LogicalPlan) -> Vec<DFSchemaRef> {
+    let mut schemas = Vec::new();
+    // The closure never fails.
+    let _ = plan.apply(|node| {
+        schemas.push(Arc::clone(node.schema()));
+        Ok(TreeNodeRecursion::Continue)
+    });
+    schemas
 }
 
 /// A column reference or an alias renamed by `numbers`.
@@ -260,17 +289,6 @@ fn renamed_expr(expr: Expr, numbers: &HashMap<u64, u64>) -> DfResult<Transformed
         },
         other => Transformed::no(other),
     })
-}
-
-/// The names of every node's schema, nodes from the root down.
-fn schema_names(plan: &LogicalPlan) -> Vec<String> {
-    let mut names = Vec::new();
-    // The closure never fails.
-    let _ = plan.apply(|node| {
-        names.extend(node.schema().fields().iter().map(|f| f.name().clone()));
-        Ok(TreeNodeRecursion::Continue)
-    });
-    names
 }
 
 #[cfg(test)]
