@@ -14,9 +14,9 @@
 //!   removes the limit, now redundant, only in the next. [`LimitsInSorts`], right after
 //!   it, removes it in the same pass.
 //!
-//! On q41 (a scalar subquery over an OR of sixteen conjunctions) the third pass took
-//! 1.8 ms of the 6.8 ms of its logical optimization on the 30th's machine and only
-//! renamed `__common_expr_3` to `__common_expr_4`.
+//! q41 (a scalar subquery over an OR of sixteen conjunctions) took a third pass that
+//! only renamed `__common_expr_3` to `__common_expr_4`; with both rules it takes two,
+//! and its planning took 6.9 ms instead of 7.7 (interleaved, fastest of 6 rounds).
 
 use std::collections::HashMap;
 use std::ops::Range;
