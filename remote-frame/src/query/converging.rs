@@ -197,22 +197,23 @@ fn tokens(name: &str) -> Vec<(Range<usize>, Option<u64>)> {
 /// name or to a character that is not a digit, which stays: distinct names stay
 /// distinct.
 fn rename(name: &str, numbers: &HashMap<u64, u64>) -> Option<String> {
+    // Most names hold no number to change: they are not copied.
+    let changes: Vec<(Range<usize>, u64)> = tokens(name)
+        .into_iter()
+        .filter_map(|(span, number)| {
+            let new = *numbers.get(&number?)?;
+            (number != Some(new)).then_some((span, new))
+        })
+        .collect();
+    if changes.is_empty() {
+        return None;
+    }
     let mut renamed = String::with_capacity(name.len());
     let mut copied = 0;
-    let mut changed = false;
-    for (span, number) in tokens(name) {
-        let Some(new) = number.and_then(|n| numbers.get(&n)) else {
-            continue;
-        };
-        if number != Some(*new) {
-            renamed.push_str(&name[copied..span.start]);
-            renamed.push_str(&new.to_string());
-            copied = span.end;
-            changed = true;
-        }
-    }
-    if !changed {
-        return None;
+    for (span, new) in changes {
+        renamed.push_str(&name[copied..span.start]);
+        renamed.push_str(&new.to_string());
+        copied = span.end;
     }
     renamed.push_str(&name[copied..]);
     Some(renamed)

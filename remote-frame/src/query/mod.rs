@@ -108,7 +108,7 @@ use datafusion::execution::memory_pool::{
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::optimizer::{Analyzer, Optimizer};
+use datafusion::optimizer::{Analyzer, Optimizer, OptimizerRule};
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable, execute_stream, ExecutionPlan};
@@ -433,17 +433,17 @@ impl QuerySession {
         analyzer_rules.insert(at, Arc::new(numeric::DecimalAsDouble));
         // Repeated conjuncts go as soon as the filter pushdown has made them.
         let mut optimizer_rules = Optimizer::new().rules;
-        let at = optimizer_rules
-            .iter()
-            .position(|r| r.name() == "push_down_filter")
-            .map_or(optimizer_rules.len(), |i| i + 1);
-        optimizer_rules.insert(at, Arc::new(distinct_conjuncts::DistinctConjuncts));
+        insert_after(
+            &mut optimizer_rules,
+            "push_down_filter",
+            Arc::new(distinct_conjuncts::DistinctConjuncts),
+        );
         // A limit pushed into its sort goes in the same pass.
-        let at = optimizer_rules
-            .iter()
-            .position(|r| r.name() == "push_down_limit")
-            .map_or(optimizer_rules.len(), |i| i + 1);
-        optimizer_rules.insert(at, Arc::new(converging::LimitsInSorts));
+        insert_after(
+            &mut optimizer_rules,
+            "push_down_limit",
+            Arc::new(converging::LimitsInSorts),
+        );
         let optimizer_rules = rule_guards::guard(optimizer_rules);
         let mut state = SessionStateBuilder::new()
             .with_config(config)
@@ -1088,8 +1088,22 @@ fn external(
     }
 }
 
-/// What the operators' unit tests share.
+/// Puts `rule` right after the logical rule named `after` in `rules` (at the end if
+/// there is none).
+fn insert_after(
+    rules: &mut Vec<Arc<dyn OptimizerRule + Send + Sync>>,
+    after: &str,
+    rule: Arc<dyn OptimizerRule + Send + Sync>,
+) {
+    let at = rules
+        .iter()
+        .position(|r| r.name() == after)
+        .map_or(rules.len(), |i| i + 1);
+    rules.insert(at, rule);
+}
+
 #[cfg(test)]
+/// What the operators' unit tests share.
 pub(crate) mod test_env {
     use std::sync::Arc;
 
