@@ -150,6 +150,20 @@ fn repeated_subplans(
     plan: &Arc<dyn ExecutionPlan>,
     ids: &mut SubplanIds,
 ) -> DfResult<HashMap<usize, usize>> {
+    // Two copies of a subtree hold two alike leaves: a plan whose leaves all differ
+    // repeats nothing (most plans), and then only its leaves are printed.
+    let mut leaves: HashSet<usize> = HashSet::new();
+    let mut alike_leaves = false;
+    plan.apply(|node| {
+        if node.children().is_empty() && !leaves.insert(ids.of(node)) {
+            alike_leaves = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if !alike_leaves {
+        return Ok(HashMap::new());
+    }
     let mut occurrences: HashMap<usize, usize> = HashMap::new();
     plan.apply(|node| {
         *occurrences.entry(ids.of(node)).or_default() += 1;
@@ -588,7 +602,9 @@ mod tests {
     use datafusion::prelude::{SessionConfig, SessionContext};
     use polars::prelude::{df, SortMultipleOptions};
 
-    use super::{SharedExec, SharedResult};
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+
+    use super::{repeated_subplans, SharedExec, SharedResult, SubplanIds};
     use crate::budget::Budget;
     use crate::env::FrameEnv;
     use crate::frame::RemoteFrame;
@@ -647,6 +663,37 @@ mod tests {
         assert_eq!(unshared.stats().scan_bytes, 2 * once.stats().scan_bytes);
         // The answers do not keep their plans' join build sides reserved.
         assert_eq!(s.reserved_bytes(), 0);
+    }
+
+    /// Two copies of a subtree hold alike leaves: a plan whose leaves all differ is
+    /// told apart from its leaves alone, one that has alike leaves operator by
+    /// operator.
+    #[test]
+    fn only_a_plan_with_alike_leaves_is_printed_whole() {
+        let env = local_env(1, 64 << 20);
+        let t = table(&env, 10_000);
+        let s = session(&env, &t, None);
+        s.register("u", &table(&env, 5_000)).unwrap();
+        let printed = |sql: &str| {
+            let (_, plan) = s.plan(sql).unwrap();
+            let mut ids = SubplanIds::default();
+            let repeated = repeated_subplans(&plan, &mut ids).unwrap();
+            let (mut nodes, mut leaves) = (0, 0);
+            plan.apply(|node| {
+                nodes += 1;
+                leaves += usize::from(node.children().is_empty());
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .unwrap();
+            (repeated.len(), ids.by_node.len(), nodes, leaves)
+        };
+        let (repeated, printed_nodes, _, leaves) =
+            printed("SELECT t.k, sum(u.v) AS s FROM t JOIN u ON t.k = u.k GROUP BY t.k");
+        assert_eq!((repeated, printed_nodes, leaves), (0, 2, 2));
+        let (_, printed_nodes, nodes, leaves) =
+            printed("SELECT v FROM t WHERE k < 10 UNION ALL SELECT v FROM t WHERE k > 20");
+        assert_eq!((printed_nodes, leaves), (nodes, 2));
+        assert!(nodes > leaves);
     }
 
     #[test]
