@@ -165,10 +165,13 @@ impl TableProvider for RemoteTable {
         // The filters stay above the scan too (inexact pushdown): here they only
         // rule out the chunks whose statistics show no row can pass. A filter that
         // cannot be planned against the table alone prunes nothing, nor does one
-        // too large to be worth it (see `PRUNING_MAX_NODES`).
+        // too large for its table to be worth it (see `PRUNING_NODES_PER_CHUNK`).
+        let max_nodes = PRUNING_NODES_PER_CHUNK
+            .saturating_mul(self.frame.chunk_count())
+            .max(PRUNING_MIN_NODES);
         let prunable = filters
             .iter()
-            .filter(|f| expr_nodes(f) <= PRUNING_MAX_NODES)
+            .filter(|f| expr_nodes(f) <= max_nodes)
             .cloned();
         let predicate = conjunction(prunable).and_then(|e| {
             let table = DFSchema::try_from(self.schema.as_ref().clone()).ok()?;
@@ -210,15 +213,19 @@ impl TableProvider for RemoteTable {
     }
 }
 
-/// Expression nodes a pushed-down filter may have and still be used to rule out
-/// chunks. Turning a filter into a predicate over chunk statistics costs time in
-/// proportion to its size, on every plan, and a large filter is a disjunction that
-/// chunk ranges hardly ever rule out: q41's filter on item (207 nodes) took about
-/// 0.25 ms of its 8 ms of planning (profiled) and ruled out none of item's 3 chunks.
-/// Of the filters the 99 TPC-DS queries push down (up to 405 nodes), the largest
-/// that rules out chunks has 63 (q88's merged time ranges: 3 of time_dim's 11
-/// chunks kept).
-const PRUNING_MAX_NODES: usize = 128;
+/// Expression nodes per chunk of its table a pushed-down filter may have and still
+/// be used to rule out chunks (but [`PRUNING_MIN_NODES`] on any table). Turning a
+/// filter into a predicate over chunk statistics costs time in proportion to its
+/// size, on every plan, while what it can save grows with the chunks it may skip:
+/// q41's filter on item (207 nodes, 3 chunks) took about 0.25 ms of its 8 ms of
+/// planning (profiled) and ruled out none of them, while over a large table sorted
+/// on the filtered column a long list of ranges skips most chunks.
+const PRUNING_NODES_PER_CHUNK: usize = 16;
+
+/// Expression nodes a pushed-down filter may always have and still rule out chunks.
+/// Of the filters the 99 TPC-DS queries push down, the largest that rules out chunks
+/// has 63 (q88's merged time ranges: 3 of time_dim's 11 chunks kept).
+const PRUNING_MIN_NODES: usize = 64;
 
 /// Nodes of `expr` (itself, its operands, theirs, ...).
 fn expr_nodes(expr: &Expr) -> usize {
@@ -1278,18 +1285,20 @@ mod tests {
         }
     }
 
-    /// A filter rules out chunks by their statistics only up to `PRUNING_MAX_NODES`
-    /// nodes: ten ranges within the first of five chunks read one chunk, forty read
-    /// all five, and both answer as written.
+    /// A filter rules out chunks by their statistics only while it is small for its
+    /// table (`PRUNING_NODES_PER_CHUNK`): five ranges within the first of five chunks
+    /// read one chunk, forty read all five, forty over 64 chunks read one; every
+    /// answer is as written.
     #[test]
-    fn only_filters_of_bounded_size_rule_out_chunks() {
-        let env = local_env(1, 16 << 20);
-        let keys = batch(vec![Arc::new(Int64Array::from_iter_values(0..5 * 4096))]);
-        let frame = RemoteFrame::from_record_batches(&env, &[keys]).unwrap();
-        assert_eq!(frame.chunk_count(), 5);
-        let session = QuerySession::new(&env).unwrap();
-        session.register("t", &frame).unwrap();
-        for (ranges, chunks_read) in [(10, 1), (40, 5)] {
+    fn only_filters_small_for_their_table_rule_out_chunks() {
+        let env = local_env(1, 64 << 20);
+        for (chunks, ranges, chunks_read) in [(5usize, 5, 1), (5, 40, 5), (64, 40, 1)] {
+            let rows = i64::try_from(chunks * 4096).unwrap();
+            let keys = batch(vec![Arc::new(Int64Array::from_iter_values(0..rows))]);
+            let frame = RemoteFrame::from_record_batches(&env, &[keys]).unwrap();
+            assert_eq!(frame.chunk_count(), chunks);
+            let session = QuerySession::new(&env).unwrap();
+            session.register("t", &frame).unwrap();
             let filter = (0..ranges)
                 .map(|k| format!("c0 BETWEEN {} AND {}", 10 * k, 10 * k + 3))
                 .collect::<Vec<_>>()
@@ -1297,15 +1306,15 @@ mod tests {
             let sql = format!("SELECT count(*) AS n FROM t WHERE {filter}");
             let plan = session.explain(&sql).unwrap();
             assert!(
-                plan.contains(&format!("chunks={chunks_read} of 5")),
-                "{ranges} ranges: {plan}"
+                plan.contains(&format!("chunks={chunks_read} of {chunks}")),
+                "{ranges} ranges over {chunks} chunks: {plan}"
             );
             let out = session.sql(&sql).unwrap();
             let n = out.batches()[0]
                 .column(0)
                 .as_primitive::<Int64Type>()
                 .value(0);
-            assert_eq!(n, 4 * ranges, "{ranges} ranges");
+            assert_eq!(n, 4 * ranges, "{ranges} ranges over {chunks} chunks");
         }
     }
 
