@@ -1102,8 +1102,8 @@ fn insert_after(
     rules.insert(at, rule);
 }
 
-#[cfg(test)]
 /// What the operators' unit tests share.
+#[cfg(test)]
 pub(crate) mod test_env {
     use std::sync::Arc;
 
